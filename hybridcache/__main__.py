@@ -1,0 +1,3 @@
+from hybridcache.cli import main
+
+raise SystemExit(main())

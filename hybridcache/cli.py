@@ -1,0 +1,102 @@
+"""The `hybridcache` command: argparse sub-commands, each implemented by a module loaded on demand.
+
+A command module exposes `add_arguments(parser)` and `run(args) -> int`. Commands whose module is
+`None` are not built yet: they say so and exit 2, and their help says so too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from hybridcache import __version__
+
+NOT_IMPLEMENTED_EXIT = 2
+
+
+class Command(NamedTuple):
+    name: str
+    summary: str
+    module: str | None  # dotted path of the module with add_arguments/run; None = not built yet
+
+
+COMMANDS = (
+    Command("serve", "serve a model over OpenAI- and Anthropic-compatible HTTP", "hybridcache.http.serve_command"),
+    Command("inspect", "inspect a prefix-cache file", None),
+    Command("replay", "replay an event log into a fresh index and check it", None),
+    Command("simulate", "simulate the prefix cache on agent traces (no model)", None),
+    Command("make-tiny-model", "write a deterministic random-weight Qwen3.5 checkpoint", "hybridcache.tools.make_tiny_model"),
+)
+
+BENCHMARKS = (
+    Command("index", "prefix index: match, insert, events/s, eviction planning", "hybridcache.tools.bench_index"),
+    Command("model", "model runtime vs transformers: prefill and decode tok/s", "hybridcache.tools.bench_model"),
+    Command("engine", "engine: cold vs resumed TTFT, cache overhead", None),
+    Command("serve", "HTTP server throughput and latency, cache on vs off", None),
+    Command("persistence", "prefix-cache file save/load vs raw disk, journal overhead", None),
+    Command("trace", "replay a trace against a running server", None),
+    Command("trace-gen", "generate a deterministic JSONL trace for live runs", "hybridcache.tools.trace_gen"),
+    Command("gpu", "GPU tests and benchmarks on a CUDA device", None),
+)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser for `argv`: only the command named in it loads its module (so --help stays fast)."""
+    words = [word for word in argv if not word.startswith("-")]
+    selected = words[0] if words else None
+    bench_selected = words[1] if selected == "bench" and len(words) > 1 else None
+    parser = argparse.ArgumentParser(
+        prog="hybridcache",
+        description="An inference server for hybrid (Qwen3.5) models with an exact hybrid prefix cache.",
+    )
+    parser.add_argument("--version", action="version", version=f"hybridcache {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in COMMANDS:
+        _add_command(commands, command, load=command.name == selected)
+    bench = commands.add_parser("bench", help="benchmarks that print name=value lines", description=(
+        "Benchmarks. Each prints one name=value per line, with ratios measured side by side in one run."))
+    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
+    for command in BENCHMARKS:
+        _add_command(kinds, command, load=command.name == bench_selected)
+    return parser
+
+
+def _add_command(subparsers: argparse._SubParsersAction, command: Command, load: bool) -> None:
+    if command.module is None:
+        sub = subparsers.add_parser(
+            command.name,
+            help=f"{command.summary} (not implemented yet)",
+            description=f"{command.summary}. Not implemented yet: this command exits {NOT_IMPLEMENTED_EXIT}.",
+        )
+        sub.add_argument("arguments", nargs=argparse.REMAINDER, help="ignored until the command is built")
+        sub.set_defaults(handler=_not_implemented(command.name))
+        return
+    if not load:
+        subparsers.add_parser(command.name, help=command.summary, description=command.summary)
+        return
+    module = importlib.import_module(command.module)
+    sub = subparsers.add_parser(command.name, help=command.summary, description=_describe(module, command))
+    module.add_arguments(sub)
+    sub.set_defaults(handler=module.run)
+
+
+def _describe(module: object, command: Command) -> str:
+    doc = (getattr(module, "__doc__", None) or "").strip()
+    return doc or command.summary
+
+
+def _not_implemented(name: str):
+    def handler(args: argparse.Namespace) -> int:
+        print(f"hybridcache: '{name}' is not implemented yet", file=sys.stderr)
+        return NOT_IMPLEMENTED_EXIT
+
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    return int(args.handler(args) or 0)

@@ -1,0 +1,222 @@
+"""Engine, cache and server options: what a user sets, and the effective values derived from them.
+
+Options arrive as `EngineOptions` (a `None` field means "not given, derive it"). `resolve_options()`
+validates every field and every combination, derives the unset cache values the way spec §14.2 does, and
+returns `EffectiveOptions`, which is what the engine runs with and what the startup ledger prints.
+Nothing here mutates global state; every check raises `OptionError` naming the command-line flag.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from hybridcache.cache.ids import BLOCK_TOKENS
+
+DEFAULT_HOST_CACHE_MIB = 8192
+MAX_CONCURRENCY_LIMIT = 8
+DEFAULT_PREFILL_CHUNK = 2048
+DEFAULT_MAX_CONCURRENCY = 4
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+class OptionError(ValueError):
+    """An invalid option or combination of options; `flag` names the command-line flag at fault."""
+
+    def __init__(self, flag: str, message: str) -> None:
+        super().__init__(f"{flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Prefix-cache options as given; `None` means "derive the default" (spec §14.2)."""
+
+    prefix_reuse: bool = True  # --no-prefix-reuse sets False
+    host_cache_mib: int | None = None  # --host-cache-mib (default 8192; 0 disables the Host tier)
+    device_snapshot_slots: int | None = None  # --device-snapshot-slots
+    max_new_taps: int | None = None  # --cache-taps-per-request
+    tap_ladder_tokens: int | None = None  # --cache-tap-ladder
+    tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
+    prefix_cache_file: str | None = None  # --prefix-cache-file
+    event_log: str | None = None  # --event-log
+
+
+class EngineOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Engine options as given on the command line (or by a library caller)."""
+
+    model: str | None = None  # --model: a Hugging Face checkpoint directory; None = embedded default
+    dtype: DType = "auto"  # --dtype
+    device: str = "auto"  # --device: auto | cpu | cuda | cuda:N
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY  # --max-concurrency (lanes, 1..8)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # --prefill-chunk (tokens, a multiple of 64)
+    kv_capacity: int | Literal["auto"] = "auto"  # --kv-capacity: device KV pages, or auto
+    max_model_len: int | None = None  # --max-model-len (tokens); None = the model's own limit
+    pending_timeout_s: float = 600.0  # --pending-timeout (seconds a request may wait for a lane)
+    cache: CacheOptions = msgspec.field(default_factory=CacheOptions)
+
+
+class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Resolved cache options: every value concrete."""
+
+    prefix_reuse: bool
+    host_cache_bytes: int
+    device_snapshot_slots: int
+    max_new_taps: int
+    tap_ladder_tokens: int
+    tap_min_gap_tokens: int
+    prefix_cache_file: str | None
+    event_log: str | None
+
+    @property
+    def host_tier(self) -> bool:
+        """True when the Host slab tier exists (a nonzero budget)."""
+        return self.host_cache_bytes > 0
+
+
+class EffectiveOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Resolved engine options, as `Engine.options()` reports them."""
+
+    model: str | None
+    dtype: DType
+    device: str
+    max_concurrency: int
+    prefill_chunk: int
+    kv_capacity: int | Literal["auto"]
+    max_model_len: int | None
+    pending_timeout_s: float
+    cache: EffectiveCacheOptions
+
+
+# Flags that only mean something while the prefix cache is on.
+_CACHE_ONLY_FLAGS = {
+    "host_cache_mib": "--host-cache-mib",
+    "device_snapshot_slots": "--device-snapshot-slots",
+    "max_new_taps": "--cache-taps-per-request",
+    "tap_ladder_tokens": "--cache-tap-ladder",
+    "tap_min_gap_tokens": "--cache-tap-min-gap",
+    "prefix_cache_file": "--prefix-cache-file",
+    "event_log": "--event-log",
+}
+
+
+def derive_cache_defaults(
+    max_concurrency: int, prefill_chunk: int, host_tier: bool
+) -> tuple[int, int, int, int]:
+    """The §14.2 defaults: (device_snapshot_slots, max_new_taps, tap_ladder_tokens, tap_min_gap_tokens).
+
+    Pure. With a Host tier D = C + 1 (one resident snapshot per live conversation plus staging) and 8
+    taps per request; without one D = C + 2 and 2 taps, since the slots are then the only snapshot store.
+    """
+    slots = max_concurrency + 1 if host_tier else max_concurrency + 2
+    taps = 8 if host_tier else 2
+    return slots, taps, max(4096, 2 * prefill_chunk), max(1024, prefill_chunk)
+
+
+def resolve_options(options: EngineOptions) -> EffectiveOptions:
+    """Validate `options` and derive every unset value. Pure; raises `OptionError` naming the flag."""
+    _check_engine_fields(options)
+    cache = options.cache
+    _check_cache_fields(cache)
+    if not cache.prefix_reuse:
+        for field, flag in _CACHE_ONLY_FLAGS.items():
+            if getattr(cache, field) is not None:
+                raise OptionError(flag, "cannot be combined with --no-prefix-reuse (the cache is off)")
+    host_mib = DEFAULT_HOST_CACHE_MIB if cache.host_cache_mib is None else cache.host_cache_mib
+    if not cache.prefix_reuse:
+        host_mib = 0
+    host_tier = host_mib > 0
+    if cache.prefix_cache_file is not None and not host_tier:
+        raise OptionError("--prefix-cache-file", "needs a Host tier; it cannot be used with --host-cache-mib 0")
+    slots, taps, ladder, gap = derive_cache_defaults(options.max_concurrency, options.prefill_chunk, host_tier)
+    effective_cache = EffectiveCacheOptions(
+        prefix_reuse=cache.prefix_reuse,
+        host_cache_bytes=host_mib << 20,
+        device_snapshot_slots=_given_or(cache.device_snapshot_slots, slots),
+        max_new_taps=_given_or(cache.max_new_taps, taps),
+        tap_ladder_tokens=_given_or(cache.tap_ladder_tokens, ladder),
+        tap_min_gap_tokens=_given_or(cache.tap_min_gap_tokens, gap),
+        prefix_cache_file=_checked_file_path(cache.prefix_cache_file, "--prefix-cache-file"),
+        event_log=_checked_file_path(cache.event_log, "--event-log"),
+    )
+    return EffectiveOptions(
+        model=options.model,
+        dtype=options.dtype,
+        device=options.device,
+        max_concurrency=options.max_concurrency,
+        prefill_chunk=options.prefill_chunk,
+        kv_capacity=options.kv_capacity,
+        max_model_len=options.max_model_len,
+        pending_timeout_s=options.pending_timeout_s,
+        cache=effective_cache,
+    )
+
+
+def check_host_budget(cache: EffectiveCacheOptions, image_bytes: int, slab_bytes: int) -> None:
+    """Reject a nonzero Host budget that cannot hold one snapshot (image slabs + tail slab) and one block.
+
+    Called at engine construction, once the model's geometry is known. Raises `OptionError`.
+    """
+    if not cache.host_tier:
+        return
+    image_slabs = -(-image_bytes // slab_bytes)
+    needed = (image_slabs + 1 + 1) * slab_bytes
+    if cache.host_cache_bytes < needed:
+        raise OptionError(
+            "--host-cache-mib",
+            f"{cache.host_cache_bytes >> 20} MiB cannot hold one snapshot plus one block of this model "
+            f"(needs at least {-(-needed // (1 << 20))} MiB); use 0 to disable the Host tier",
+        )
+
+
+def _check_engine_fields(options: EngineOptions) -> None:
+    if not 1 <= options.max_concurrency <= MAX_CONCURRENCY_LIMIT:
+        raise OptionError("--max-concurrency", f"must be between 1 and {MAX_CONCURRENCY_LIMIT}")
+    if options.prefill_chunk < BLOCK_TOKENS or options.prefill_chunk % BLOCK_TOKENS:
+        raise OptionError("--prefill-chunk", f"must be a positive multiple of {BLOCK_TOKENS} tokens")
+    if options.kv_capacity != "auto" and (not isinstance(options.kv_capacity, int) or options.kv_capacity < 1):
+        raise OptionError("--kv-capacity", "must be 'auto' or a positive number of 64-token pages")
+    if options.max_model_len is not None and options.max_model_len < 1:
+        raise OptionError("--max-model-len", "must be a positive number of tokens")
+    if options.pending_timeout_s <= 0:
+        raise OptionError("--pending-timeout", "must be a positive number of seconds")
+    if options.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise OptionError("--dtype", "must be one of auto, float32, bfloat16, float16")
+    device = options.device
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise OptionError("--device", "must be auto, cpu, cuda or cuda:N")
+
+
+def _check_cache_fields(cache: CacheOptions) -> None:
+    if cache.host_cache_mib is not None and cache.host_cache_mib < 0:
+        raise OptionError("--host-cache-mib", "must be 0 (no Host tier) or a positive number of MiB")
+    if cache.device_snapshot_slots is not None and cache.device_snapshot_slots < 1:
+        raise OptionError("--device-snapshot-slots", "must be at least 1 (taps stage through a slot)")
+    if cache.max_new_taps is not None and cache.max_new_taps < 0:
+        raise OptionError("--cache-taps-per-request", "must not be negative")
+    if cache.tap_ladder_tokens is not None and cache.tap_ladder_tokens < BLOCK_TOKENS:
+        raise OptionError("--cache-tap-ladder", f"must be at least {BLOCK_TOKENS} tokens")
+    if cache.tap_min_gap_tokens is not None and cache.tap_min_gap_tokens < 0:
+        raise OptionError("--cache-tap-min-gap", "must not be negative")
+
+
+def _given_or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _checked_file_path(path: str | None, flag: str) -> str | None:
+    """Resolve a file path to an absolute one; reject a directory or a missing parent directory."""
+    if path is None:
+        return None
+    if not path:
+        raise OptionError(flag, "must not be empty")
+    resolved = Path(os.path.abspath(os.path.expanduser(path)))
+    if resolved.is_dir():
+        raise OptionError(flag, f"{resolved} is a directory; give a file path")
+    if not resolved.parent.is_dir():
+        raise OptionError(flag, f"the parent directory {resolved.parent} does not exist")
+    return str(resolved)
