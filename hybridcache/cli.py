@@ -24,16 +24,26 @@ class Command(NamedTuple):
 
 
 COMMANDS = (
-    Command("serve", "serve a model over OpenAI- and Anthropic-compatible HTTP", "hybridcache.http.serve_command"),
+    Command(
+        "serve", "serve a model over OpenAI- and Anthropic-compatible HTTP", "hybridcache.http.serve_command"
+    ),
     Command("inspect", "inspect a prefix-cache file", None),
     Command("replay", "replay an event log into a fresh index and check it", None),
     Command("simulate", "simulate the prefix cache on agent traces (no model)", None),
-    Command("make-tiny-model", "write a deterministic random-weight Qwen3.5 checkpoint", "hybridcache.tools.make_tiny_model"),
+    Command(
+        "make-tiny-model",
+        "write a deterministic random-weight Qwen3.5 checkpoint",
+        "hybridcache.tools.make_tiny_model",
+    ),
 )
 
 BENCHMARKS = (
-    Command("index", "prefix index: match, insert, events/s, eviction planning", "hybridcache.tools.bench_index"),
-    Command("model", "model runtime vs transformers: prefill and decode tok/s", "hybridcache.tools.bench_model"),
+    Command(
+        "index", "prefix index: match, insert, events/s, eviction planning", "hybridcache.tools.bench_index"
+    ),
+    Command(
+        "model", "model runtime vs transformers: prefill and decode tok/s", "hybridcache.tools.bench_model"
+    ),
     Command("engine", "engine: cold vs resumed TTFT, cache overhead", None),
     Command("serve", "HTTP server throughput and latency, cache on vs off", None),
     Command("persistence", "prefix-cache file save/load vs raw disk, journal overhead", None),
@@ -56,8 +66,13 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         _add_command(commands, command, load=command.name == selected)
-    bench = commands.add_parser("bench", help="benchmarks that print name=value lines", description=(
-        "Benchmarks. Each prints one name=value per line, with ratios measured side by side in one run."))
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks that print name=value lines",
+        description=(
+            "Benchmarks. Each prints one name=value per line, with ratios measured side by side in one run."
+        ),
+    )
     kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
     for command in BENCHMARKS:
         _add_command(kinds, command, load=command.name == bench_selected)

@@ -131,8 +131,12 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         host_mib = 0
     host_tier = host_mib > 0
     if cache.prefix_cache_file is not None and not host_tier:
-        raise OptionError("--prefix-cache-file", "needs a Host tier; it cannot be used with --host-cache-mib 0")
-    slots, taps, ladder, gap = derive_cache_defaults(options.max_concurrency, options.prefill_chunk, host_tier)
+        raise OptionError(
+            "--prefix-cache-file", "needs a Host tier; it cannot be used with --host-cache-mib 0"
+        )
+    slots, taps, ladder, gap = derive_cache_defaults(
+        options.max_concurrency, options.prefill_chunk, host_tier
+    )
     effective_cache = EffectiveCacheOptions(
         prefix_reuse=cache.prefix_reuse,
         host_cache_bytes=host_mib << 20,
@@ -178,7 +182,9 @@ def _check_engine_fields(options: EngineOptions) -> None:
         raise OptionError("--max-concurrency", f"must be between 1 and {MAX_CONCURRENCY_LIMIT}")
     if options.prefill_chunk < BLOCK_TOKENS or options.prefill_chunk % BLOCK_TOKENS:
         raise OptionError("--prefill-chunk", f"must be a positive multiple of {BLOCK_TOKENS} tokens")
-    if options.kv_capacity != "auto" and (not isinstance(options.kv_capacity, int) or options.kv_capacity < 1):
+    if options.kv_capacity != "auto" and (
+        not isinstance(options.kv_capacity, int) or options.kv_capacity < 1
+    ):
         raise OptionError("--kv-capacity", "must be 'auto' or a positive number of 64-token pages")
     if options.max_model_len is not None and options.max_model_len < 1:
         raise OptionError("--max-model-len", "must be a positive number of tokens")

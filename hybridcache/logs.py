@@ -74,7 +74,9 @@ class Progress:
         if now - self._last >= self._interval_s:
             self._last = now
             share = 100.0 * done / self._total if self._total else 100.0
-            self._logger.info("%s: %.0f%% (%s of %s)", self._phase, share, self._fmt(done), self._fmt(self._total))
+            self._logger.info(
+                "%s: %.0f%% (%s of %s)", self._phase, share, self._fmt(done), self._fmt(self._total)
+            )
 
     def finish(self) -> float:
         """Log the closing line with the elapsed time and rate; returns the elapsed seconds."""

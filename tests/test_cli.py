@@ -39,7 +39,8 @@ def test_every_benchmark_has_help(kind: str, capsys: pytest.CaptureFixture):
 
 
 @pytest.mark.parametrize(
-    "words", [[command.name] for command in COMMANDS if command.module is None]
+    "words",
+    [[command.name] for command in COMMANDS if command.module is None]
     + [["bench", command.name] for command in BENCHMARKS if command.module is None],
 )
 def test_unbuilt_commands_exit_2_and_say_so(words: list[str], capsys: pytest.CaptureFixture):

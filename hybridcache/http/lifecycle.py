@@ -72,7 +72,9 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
-        action = control.on_terminate() if signum == signal.SIGTERM else control.on_interrupt(time.monotonic())
+        action = (
+            control.on_terminate() if signum == signal.SIGTERM else control.on_interrupt(time.monotonic())
+        )
         if action is StopAction.STOP:
             log.info("stopping: no new requests; answering running ones")
             stop.set()

@@ -35,46 +35,98 @@ def _kv_capacity(text: str) -> int | str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    server.add_argument("--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)")
-    server.add_argument("--served-model-name", default=None, help="model name clients use (default: the "
-                        "checkpoint directory's name)")
-    server.add_argument("--api-key", action="append", default=None, help="require this bearer key (repeatable)")
+    server.add_argument(
+        "--port", type=int, default=8000, help="port to bind; 0 picks a free one (default 8000)"
+    )
+    server.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients use (default: the checkpoint directory's name)",
+    )
+    server.add_argument(
+        "--api-key", action="append", default=None, help="require this bearer key (repeatable)"
+    )
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default=None, help="Hugging Face checkpoint directory (default: the "
-                       "embedded tiny checkpoint)")
-    model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                       help="weight and KV dtype (default auto: the checkpoint's, float32 on CPU)")
+    model.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face checkpoint directory (default: the embedded tiny checkpoint)",
+    )
+    model.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weight and KV dtype (default auto: the checkpoint's, float32 on CPU)",
+    )
     model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    model.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens "
-                       "(default: the model's)")
+    model.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's)"
+    )
 
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY,
-                        help=f"concurrent requests (lanes), 1..8 (default {DEFAULT_MAX_CONCURRENCY})")
-    engine.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
-                        help=f"prefill chunk in tokens, a multiple of 64 (default {DEFAULT_PREFILL_CHUNK})")
-    engine.add_argument("--kv-capacity", type=_kv_capacity, default="auto",
-                        help="device KV pages, or auto: size from free memory (default auto)")
-    engine.add_argument("--pending-timeout", type=float, default=600.0,
-                        help="seconds a request may wait for a lane before failing (default 600)")
+    engine.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENCY,
+        help=f"concurrent requests (lanes), 1..8 (default {DEFAULT_MAX_CONCURRENCY})",
+    )
+    engine.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"prefill chunk in tokens, a multiple of 64 (default {DEFAULT_PREFILL_CHUNK})",
+    )
+    engine.add_argument(
+        "--kv-capacity",
+        type=_kv_capacity,
+        default="auto",
+        help="device KV pages, or auto: size from free memory (default auto)",
+    )
+    engine.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may wait for a lane before failing (default 600)",
+    )
 
     cache = parser.add_argument_group("prefix cache")
     cache.add_argument("--no-prefix-reuse", action="store_true", help="disable the prefix cache")
-    cache.add_argument("--host-cache-mib", type=int, default=None,
-                       help=f"Host slab tier size in MiB; 0 disables it (default {DEFAULT_HOST_CACHE_MIB})")
-    cache.add_argument("--prefix-cache-file", default=None, help="save the Host tier here at stop and "
-                       "restore it at start")
+    cache.add_argument(
+        "--host-cache-mib",
+        type=int,
+        default=None,
+        help=f"Host slab tier size in MiB; 0 disables it (default {DEFAULT_HOST_CACHE_MIB})",
+    )
+    cache.add_argument(
+        "--prefix-cache-file", default=None, help="save the Host tier here at stop and restore it at start"
+    )
     cache.add_argument("--event-log", default=None, help="append every cache event to this journal")
-    cache.add_argument("--device-snapshot-slots", type=int, default=None,
-                       help="device snapshot slots D (default C+1 with a Host tier, else C+2)")
-    cache.add_argument("--cache-taps-per-request", type=int, default=None,
-                       help="new snapshots (taps) per request (default 8 with a Host tier, else 2)")
-    cache.add_argument("--cache-tap-ladder", type=int, default=None,
-                       help="ladder spacing G in tokens (default max(4096, 2*chunk))")
-    cache.add_argument("--cache-tap-min-gap", type=int, default=None,
-                       help="minimum gap around ladder taps in tokens (default max(1024, chunk))")
+    cache.add_argument(
+        "--device-snapshot-slots",
+        type=int,
+        default=None,
+        help="device snapshot slots D (default C+1 with a Host tier, else C+2)",
+    )
+    cache.add_argument(
+        "--cache-taps-per-request",
+        type=int,
+        default=None,
+        help="new snapshots (taps) per request (default 8 with a Host tier, else 2)",
+    )
+    cache.add_argument(
+        "--cache-tap-ladder",
+        type=int,
+        default=None,
+        help="ladder spacing G in tokens (default max(4096, 2*chunk))",
+    )
+    cache.add_argument(
+        "--cache-tap-min-gap",
+        type=int,
+        default=None,
+        help="minimum gap around ladder taps in tokens (default max(1024, chunk))",
+    )
 
 
 def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
