@@ -1,0 +1,222 @@
+"""The event journal (`--event-log PATH`): every cache event, appended off the worker's critical path.
+
+Layout of one segment file: the magic bytes, then a header frame (msgpack `JournalHeader`: format version,
+engine fingerprint, options, the segment number and the sequence number of its first event), then one
+frame per encoded event (see `framing`). The worker calls `append()` (a list append under a lock); a
+writer thread batches the frames to disk. When a segment passes `max_segment_bytes` it is renamed to
+`PATH.<n>` (n = 1, 2, … oldest first) and a new `PATH` begins, so `PATH` is always the newest segment.
+A crash leaves at most a torn last frame, which readers report and stop at.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from hybridcache.persistence.framing import FrameDamage, FrameReader, encode_frame
+
+MAGIC = b"HCJOURNAL\x00"
+FORMAT_VERSION = 1
+DEFAULT_MAX_SEGMENT_BYTES = 256 << 20
+
+
+class JournalError(ValueError):
+    """A journal file is not a journal, or of another format version."""
+
+
+class JournalHeader(msgspec.Struct, frozen=True, kw_only=True):
+    format_version: int
+    segment: int
+    first_seq: int
+    fingerprint: dict[str, str] = {}
+    options: dict[str, object] = {}
+
+
+_encode_header = msgspec.msgpack.Encoder().encode
+_decode_header = msgspec.msgpack.Decoder(JournalHeader).decode
+
+
+class JournalWriter:
+    """Appends encoded events to a journal in a background thread.
+
+    `append()` never blocks on I/O. `flush()` returns once everything appended so far is on disk
+    (with `fsync=True`, durably). `close()` flushes and stops the thread. A write error is kept and
+    raised by the next `flush()`/`close()`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        fingerprint: dict[str, str] | None = None,
+        options: dict[str, object] | None = None,
+        max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
+        flush_interval_s: float = 0.05,
+    ) -> None:
+        self.path = Path(path)
+        self._fingerprint = dict(fingerprint or {})
+        self._options = dict(options or {})
+        self._max_segment_bytes = max_segment_bytes
+        self._flush_interval_s = flush_interval_s
+        self._pending: list[tuple[int, bytes]] = []
+        self._lock = threading.Condition()
+        self._appended = 0
+        self._written = 0
+        self._closing = False
+        self._error: BaseException | None = None
+        self._segment = _next_segment_number(self.path)
+        self._file = None
+        if self.path.exists():  # a previous run's newest segment is kept, never truncated
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
+            self._segment += 1
+        self._file_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="hybridcache-journal", daemon=True)
+        self._thread.start()
+
+    def append(self, seq: int, payload: bytes) -> None:
+        """Queue one encoded event with its sequence number. Cheap; never touches the disk."""
+        with self._lock:
+            self._pending.append((seq, payload))
+            self._appended += 1
+
+    def flush(self, fsync: bool = False) -> None:
+        """Block until every appended event is written; raises the writer's error if it had one."""
+        with self._lock:
+            target = self._appended
+            self._lock.notify_all()
+            while self._written < target and self._error is None:
+                self._lock.wait(0.1)
+                self._lock.notify_all()
+        self._raise_if_failed()
+        if fsync and self._file is not None:
+            with self._lock:
+                os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Flush, fsync and stop the writer thread. Idempotent."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        self._thread.join()
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise OSError(f"event journal {self.path}: {self._error}") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending and not self._closing:
+                    self._lock.wait(self._flush_interval_s)
+                batch, self._pending = self._pending, []
+                closing = self._closing
+            if batch and self._error is None:
+                try:
+                    self._write(batch)
+                except OSError as error:
+                    self._error = error
+            with self._lock:
+                self._written += len(batch)
+                self._lock.notify_all()
+                if closing and not self._pending:
+                    return
+
+    def _write(self, batch: list[tuple[int, bytes]]) -> None:
+        frames: list[bytes] = []
+        for seq, payload in batch:
+            if self._file is not None and self._file_bytes >= self._max_segment_bytes:
+                self._file.write(b"".join(frames))
+                frames.clear()
+                self._rotate()
+            if self._file is None:
+                self._open_segment(seq)
+            frame = encode_frame(payload)
+            frames.append(frame)
+            self._file_bytes += len(frame)
+        self._file.write(b"".join(frames))
+        self._file.flush()
+
+    def _rotate(self) -> None:
+        """Close the full segment and rename it `PATH.<n>`; the next frame opens a new `PATH`."""
+        self._file.close()
+        self._file = None
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
+        self._segment += 1
+
+    def _open_segment(self, first_seq: int) -> None:
+        header = JournalHeader(
+            format_version=FORMAT_VERSION,
+            segment=self._segment,
+            first_seq=first_seq,
+            fingerprint=self._fingerprint,
+            options=self._options,
+        )
+        prologue = MAGIC + encode_frame(_encode_header(header))
+        self._file = open(self.path, "wb")  # noqa: SIM115 - owned by the writer until close()
+        os.chmod(self.path, 0o600)
+        self._file.write(prologue)
+        self._file_bytes = len(prologue)
+
+
+def journal_segments(path: str | os.PathLike[str]) -> list[Path]:
+    """The segment files of the journal at `path`, oldest first (rotated `PATH.<n>`, then `PATH`)."""
+    base = Path(path)
+    rotated = sorted(
+        (int(p.name.rsplit(".", 1)[1]), p)
+        for p in base.parent.glob(base.name + ".*")
+        if p.name.rsplit(".", 1)[1].isdigit()
+    )
+    files = [p for _, p in rotated]
+    if base.exists():
+        files.append(base)
+    return files
+
+
+class JournalReader:
+    """Reads one segment: its header, then its event payloads; `damage` tells where reading stopped."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        data = self.path.read_bytes()
+        if not data.startswith(MAGIC):
+            raise JournalError(f"{self.path} is not a hybridcache event journal (wrong magic bytes)")
+        self._frames = FrameReader(data, len(MAGIC))
+        self._payloads = iter(self._frames)
+        first = next(self._payloads, None)
+        if first is None:
+            raise JournalError(f"{self.path}: unreadable journal header ({self._frames.damage})")
+        try:
+            self.header = _decode_header(first)
+        except msgspec.DecodeError as error:
+            raise JournalError(f"{self.path}: malformed journal header: {error}") from error
+        if self.header.format_version != FORMAT_VERSION:
+            raise JournalError(
+                f"{self.path}: journal format {self.header.format_version}, this build reads {FORMAT_VERSION}"
+            )
+
+    def payloads(self) -> Iterator[memoryview]:
+        """The encoded events in order; stops at a torn or corrupt frame (see `damage`)."""
+        yield from self._payloads
+
+    @property
+    def damage(self) -> FrameDamage | None:
+        return self._frames.damage
+
+    @property
+    def offset(self) -> int:
+        return self._frames.offset
+
+
+def _next_segment_number(base: Path) -> int:
+    """Rotated segments already present keep their numbers; a new journal continues after them."""
+    numbers = [int(p.name.rsplit(".", 1)[1]) for p in journal_segments(base) if p != base]
+    return max(numbers, default=0) + 1
