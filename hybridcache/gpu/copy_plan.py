@@ -13,13 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from hybridcache.cache.ids import PageId, SlabId
+from hybridcache.cache.slab_pool import SlabLocation
 
 DEFAULT_MAX_COPY_PITCH = 1 << 31  # bytes; CUDA's cudaMemcpy2D pitch limit is queried on a GPU
-
-
-class SlabLocation(NamedTuple):
-    chunk: int
-    offset: int  # bytes from the start of the chunk
 
 
 class PageRun(NamedTuple):

@@ -4,13 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cache.ids import PageId, SlabId
-from hybridcache.gpu.copy_plan import (
-    ImageSegment,
-    PageRun,
-    SlabLocation,
-    plan_image_segments,
-    plan_page_runs,
-)
+from hybridcache.cache.slab_pool import SlabLocation
+from hybridcache.gpu.copy_plan import ImageSegment, PageRun, plan_image_segments, plan_page_runs
 
 SLAB = 4096
 

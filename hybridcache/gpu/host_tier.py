@@ -1,0 +1,70 @@
+"""Host slab memory (spec §5.4): the bytes behind the slab pool, in chunks allocated on first use.
+
+Which slab is free or owned, and where each slab lives (chunk, offset), is bookkeeping of
+`cache.slab_pool.HostSlabPool`; this module only holds the bytes. A slab holds one block bundle (every
+plane of a page group packed in bundle order, rounded to 4 KiB); an image spans several slabs. Chunks
+are allocated on first use (pinned when the device is CUDA), so a large budget costs nothing until it
+fills; the pool hands out low slab ids first, so chunks fill in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hybridcache.cache.ids import SlabId
+from hybridcache.cache.slab_pool import HostSlabPool, SlabLocation
+
+
+class HostAllocationError(MemoryError):
+    """Host slab memory could not be allocated; the message names the size asked for."""
+
+
+Allocator = Callable[[int], torch.Tensor]
+
+
+def cpu_allocator(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def pinned_allocator(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+class HostSlabMemory:
+    """The Host tier's bytes. `chunk(i)` allocates chunk i on first use (mutates; may raise
+    HostAllocationError naming the size)."""
+
+    def __init__(self, pool: HostSlabPool, allocate: Allocator = cpu_allocator) -> None:
+        self.pool = pool
+        self.slab_bytes = pool.slab_bytes
+        self._allocate = allocate
+        self._chunks: list[torch.Tensor | None] = [None] * pool.num_chunks
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(chunk.numel() for chunk in self._chunks if chunk is not None)
+
+    def chunk(self, index: int) -> torch.Tensor:
+        """The flat uint8 tensor of chunk `index`, allocated now if it was not yet."""
+        existing = self._chunks[index]
+        if existing is not None:
+            return existing
+        nbytes = self.pool.chunk_size_bytes(index)
+        try:
+            created = self._allocate(nbytes)
+        except (RuntimeError, MemoryError) as error:
+            raise HostAllocationError(
+                f"could not allocate {nbytes >> 20} MiB of host slab memory (chunk {index}): {error}"
+            ) from error
+        self._chunks[index] = created
+        return created
+
+    def location(self, slab: SlabId) -> SlabLocation:
+        return self.pool.location(slab)
+
+    def slab_view(self, slab: SlabId) -> torch.Tensor:
+        """The slab's bytes (a view; allocates its chunk if needed)."""
+        chunk, offset = self.pool.location(slab)
+        return self.chunk(chunk)[offset : offset + self.slab_bytes]
