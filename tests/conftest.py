@@ -1,0 +1,13 @@
+"""Fixtures shared across test folders: small checkpoints the project builds itself (never downloaded)."""
+
+from pathlib import Path
+
+import pytest
+
+from hybridcache.tools.make_tiny_model import build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def micro_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `micro` preset (byte-level vocabulary, tiny dims), built once per test session."""
+    return build_checkpoint(tmp_path_factory.mktemp("micro") / "micro", "micro")
