@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 
 from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.tap_planner import derive_tap_options
 
 DEFAULT_HOST_CACHE_MIB = 8192
 MAX_CONCURRENCY_LIMIT = 8
@@ -104,17 +105,10 @@ _CACHE_ONLY_FLAGS = {
 }
 
 
-def derive_cache_defaults(
-    max_concurrency: int, prefill_chunk: int, host_tier: bool
-) -> tuple[int, int, int, int]:
-    """The §14.2 defaults: (device_snapshot_slots, max_new_taps, tap_ladder_tokens, tap_min_gap_tokens).
-
-    Pure. With a Host tier D = C + 1 (one resident snapshot per live conversation plus staging) and 8
-    taps per request; without one D = C + 2 and 2 taps, since the slots are then the only snapshot store.
-    """
-    slots = max_concurrency + 1 if host_tier else max_concurrency + 2
-    taps = 8 if host_tier else 2
-    return slots, taps, max(4096, 2 * prefill_chunk), max(1024, prefill_chunk)
+def default_snapshot_slots(max_concurrency: int, host_tier: bool) -> int:
+    """§14.2: D = C + 1 with a Host tier (one resident snapshot per live conversation plus staging), C + 2
+    without one (the slots are then the only snapshot store). Pure."""
+    return max_concurrency + 1 if host_tier else max_concurrency + 2
 
 
 def resolve_options(options: EngineOptions) -> EffectiveOptions:
@@ -134,16 +128,21 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         raise OptionError(
             "--prefix-cache-file", "needs a Host tier; it cannot be used with --host-cache-mib 0"
         )
-    slots, taps, ladder, gap = derive_cache_defaults(
-        options.max_concurrency, options.prefill_chunk, host_tier
+    taps = derive_tap_options(
+        options.prefill_chunk,
+        host_tier,
+        max_new_taps=cache.max_new_taps,
+        ladder_tokens=cache.tap_ladder_tokens,
+        min_gap_tokens=cache.tap_min_gap_tokens,
     )
+    slots = default_snapshot_slots(options.max_concurrency, host_tier)
     effective_cache = EffectiveCacheOptions(
         prefix_reuse=cache.prefix_reuse,
         host_cache_bytes=host_mib << 20,
-        device_snapshot_slots=_given_or(cache.device_snapshot_slots, slots),
-        max_new_taps=_given_or(cache.max_new_taps, taps),
-        tap_ladder_tokens=_given_or(cache.tap_ladder_tokens, ladder),
-        tap_min_gap_tokens=_given_or(cache.tap_min_gap_tokens, gap),
+        device_snapshot_slots=slots if cache.device_snapshot_slots is None else cache.device_snapshot_slots,
+        max_new_taps=taps.max_new_taps,
+        tap_ladder_tokens=taps.ladder_tokens,
+        tap_min_gap_tokens=taps.min_gap_tokens,
         prefix_cache_file=_checked_file_path(cache.prefix_cache_file, "--prefix-cache-file"),
         event_log=_checked_file_path(cache.event_log, "--event-log"),
     )
@@ -208,10 +207,6 @@ def _check_cache_fields(cache: CacheOptions) -> None:
         raise OptionError("--cache-tap-ladder", f"must be at least {BLOCK_TOKENS} tokens")
     if cache.tap_min_gap_tokens is not None and cache.tap_min_gap_tokens < 0:
         raise OptionError("--cache-tap-min-gap", "must not be negative")
-
-
-def _given_or(value: int | None, default: int) -> int:
-    return default if value is None else value
 
 
 def _checked_file_path(path: str | None, flag: str) -> str | None:

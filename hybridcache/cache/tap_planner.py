@@ -1,0 +1,340 @@
+"""Tap planning (spec §7.1, with the issue-9 change): where a prefill takes state snapshots.
+
+A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Candidates, by priority:
+
+    1 EXPLICIT     client-named breakpoints                         exact, 64-aligned, Boundary
+    2 OPENER       start of the final assistant generation opener   exact, 64-aligned
+    3 STRUCTURAL   end of tools / leading system block              exact, 64-aligned, Boundary
+      AUTOMATIC    protocol-automatic markers, planned as STRUCTURAL but published as ordinary taps
+    4 PROMPT_TAIL  n − 1, EXACT and NOT aligned (our change, issue 9: the engine runs the last prompt token
+                   as its own pass and keeps the partial page as a tail, like an endpoint)
+    5 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
+
+Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
+span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) whose
+hint positions lie within 64 tokens of a cluster's earliest member form one cluster, kept once at the
+earliest in-bounds position with the best member's priority and Boundary-ness from any member; a
+non-explicit candidate is dropped when an accepted tap, an existing frontier or the base lies at most 64
+tokens before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
+candidates also keep ``min_gap_tokens`` on both sides of accepted taps, existing frontiers and the base;
+at most ``max_new_taps`` are kept, taken in priority order (semantic ones by position, the ladder by k).
+A request resumed from an endpoint snapshot skips the opener. Everything here is pure and deterministic.
+"""
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from enum import IntEnum
+from types import MappingProxyType
+from typing import NamedTuple
+
+import msgspec
+
+from hybridcache.cache.ids import BLOCK_TOKENS
+
+PROXIMITY_TOKENS = BLOCK_TOKENS
+"""A non-explicit candidate this close after an accepted tap, existing frontier or the base is redundant."""
+
+
+class HintKind(IntEnum):
+    """What the frontend says sits at a hint position."""
+
+    EXPLICIT = 1
+    OPENER = 2
+    STRUCTURAL = 3
+    AUTOMATIC = 4
+    MESSAGE = 5
+    """A plain message boundary: never a tap by itself, only a place a ladder tap snaps back to."""
+
+
+class TapSource(IntEnum):
+    """Why a tap was planned."""
+
+    EXPLICIT = 1
+    OPENER = 2
+    STRUCTURAL = 3
+    AUTOMATIC = 4
+    PROMPT_TAIL = 5
+    LADDER = 6
+
+
+class Placement(IntEnum):
+    """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries."""
+
+    EXACT = 1
+    FLEXIBLE = 2
+
+
+class TapHint(NamedTuple):
+    position: int
+    kind: HintKind
+
+
+class PlannedTap(NamedTuple):
+    position: int
+    placement: Placement
+    source: TapSource
+    boundary: bool
+    """Published as a Boundary snapshot (explicit or structural, §9.3 supersession rule)."""
+
+
+class TapOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Planner limits (spec §14.2). Construction raises ValueError for out-of-range values."""
+
+    max_new_taps: int
+    ladder_tokens: int
+    min_gap_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.max_new_taps < 0:
+            raise ValueError(f"max_new_taps must be non-negative, got {self.max_new_taps}")
+        if self.ladder_tokens < BLOCK_TOKENS:
+            raise ValueError(f"ladder_tokens must be at least {BLOCK_TOKENS}, got {self.ladder_tokens}")
+        if self.min_gap_tokens < 0:
+            raise ValueError(f"min_gap_tokens must be non-negative, got {self.min_gap_tokens}")
+
+
+def derive_tap_options(
+    prefill_chunk: int,
+    host_tier: bool,
+    *,
+    max_new_taps: int | None = None,
+    ladder_tokens: int | None = None,
+    min_gap_tokens: int | None = None,
+) -> TapOptions:
+    """The §14.2 defaults, each replaced by its override when given. Pure.
+
+    max_new_taps 8 with a host tier, 2 without; ladder max(4096, 2·chunk); min gap max(1024, chunk).
+    Raises ValueError for a non-positive ``prefill_chunk`` or an out-of-range override.
+    """
+    if prefill_chunk <= 0:
+        raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+    return TapOptions(
+        max_new_taps=(8 if host_tier else 2) if max_new_taps is None else max_new_taps,
+        ladder_tokens=max(4096, 2 * prefill_chunk) if ladder_tokens is None else ladder_tokens,
+        min_gap_tokens=max(1024, prefill_chunk) if min_gap_tokens is None else min_gap_tokens,
+    )
+
+
+class _Candidate(NamedTuple):
+    position: int
+    source: TapSource
+    boundary: bool
+
+
+_SOURCE_OF_HINT = MappingProxyType(
+    {
+        HintKind.EXPLICIT: TapSource.EXPLICIT,
+        HintKind.OPENER: TapSource.OPENER,
+        HintKind.STRUCTURAL: TapSource.STRUCTURAL,
+        HintKind.AUTOMATIC: TapSource.AUTOMATIC,
+    }
+)
+_PLANNING_RANK = MappingProxyType(
+    {
+        TapSource.EXPLICIT: 1,
+        TapSource.OPENER: 2,
+        TapSource.STRUCTURAL: 3,
+        TapSource.AUTOMATIC: 3,
+    }
+)
+_CLUSTERED_KINDS = (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC)
+_BOUNDARY_KINDS = (HintKind.EXPLICIT, HintKind.STRUCTURAL)
+
+
+def plan_taps(
+    n: int,
+    base: int,
+    hints: Sequence[TapHint | tuple[int, int]],
+    existing_frontiers: Sequence[int],
+    options: TapOptions,
+    exclusions: Sequence[tuple[int, int]] = (),
+    resumed_from_endpoint: bool = False,
+) -> list[PlannedTap]:
+    """The taps a prefill of ``n`` prompt tokens from frontier ``base`` takes, sorted by position. Pure.
+
+    ``hints``: ``TapHint``s or plain ``(position, kind)`` pairs (``PreparedPrompt.tap_hints``).
+    ``existing_frontiers``: frontiers of snapshots already on this path. ``exclusions``: half-open media
+    spans [start, end); a frontier p with start < p < end would split one. Raises ValueError when
+    ``n`` or ``base`` is negative, ``base`` > ``n``, a hint lies outside [0, n] or has an unknown kind,
+    or a span is reversed.
+    """
+    hints = [TapHint(int(position), HintKind(kind)) for position, kind in hints]
+    _validate(n, base, hints, exclusions)
+    if base >= n - 1 or options.max_new_taps == 0:
+        return []
+    spans = sorted((start, end) for start, end in exclusions if end - start > 1)
+    planner = _Acceptance(base, existing_frontiers, options)
+    for candidate in _explicit_candidates(n, base, hints, spans):
+        planner.offer_explicit(candidate)
+    for candidate in _semantic_candidates(n, base, hints, spans, resumed_from_endpoint):
+        planner.offer_near(candidate)
+    tail = _tail_candidate(n, spans)
+    if tail is not None:
+        planner.offer_near(tail)
+    for candidate in _ladder_candidates(n, base, hints, spans, options):
+        planner.offer_ladder(candidate)
+    return planner.planned()
+
+
+def _validate(n: int, base: int, hints: Sequence[TapHint], exclusions: Sequence[tuple[int, int]]) -> None:
+    if n < 0 or base < 0 or base > n:
+        raise ValueError(f"need 0 <= base <= n, got base={base} n={n}")
+    for hint in hints:
+        if not 0 <= hint.position <= n:
+            raise ValueError(f"hint {hint} outside the prompt [0, {n}]")
+    for start, end in exclusions:
+        if end < start:
+            raise ValueError(f"exclusion span ({start}, {end}) ends before it starts")
+
+
+def _floor_block(position: int) -> int:
+    return position - position % BLOCK_TOKENS
+
+
+def _span_start_around(position: int, spans: Sequence[tuple[int, int]]) -> int | None:
+    """The start of a span strictly containing ``position`` (start < position < end), if any."""
+    for start, end in spans:
+        if start >= position:
+            return None
+        if position < end:
+            return start
+    return None
+
+
+def _place_aligned(position: int, spans: Sequence[tuple[int, int]]) -> int:
+    """``position`` moved out of any span it splits and snapped down to a block boundary."""
+    placed = _floor_block(position)
+    while (start := _span_start_around(placed, spans)) is not None:
+        placed = _floor_block(start)
+    return placed
+
+
+def _explicit_candidates(
+    n: int, base: int, hints: Sequence[TapHint], spans: Sequence[tuple[int, int]]
+) -> list[_Candidate]:
+    positions = {_place_aligned(h.position, spans) for h in hints if h.kind == HintKind.EXPLICIT}
+    return [_Candidate(p, TapSource.EXPLICIT, True) for p in sorted(positions) if base < p <= n - 1]
+
+
+def _semantic_candidates(
+    n: int,
+    base: int,
+    hints: Sequence[TapHint],
+    spans: Sequence[tuple[int, int]],
+    resumed_from_endpoint: bool,
+) -> list[_Candidate]:
+    """Opener / structural / automatic hints, clustered, ordered by (planning rank, position)."""
+    members = sorted(
+        (h.position, int(h.kind))
+        for h in hints
+        if h.kind in _CLUSTERED_KINDS and not (resumed_from_endpoint and h.kind == HintKind.OPENER)
+    )
+    candidates: list[_Candidate] = []
+    cluster: list[tuple[int, int]] = []
+    for member in members:
+        if cluster and member[0] - cluster[0][0] > PROXIMITY_TOKENS:
+            candidates.extend(_cluster_candidate(cluster, n, base, spans))
+            cluster = []
+        cluster.append(member)
+    if cluster:
+        candidates.extend(_cluster_candidate(cluster, n, base, spans))
+    return sorted(candidates, key=lambda c: (_PLANNING_RANK[c.source], c.position))
+
+
+def _cluster_candidate(
+    cluster: Sequence[tuple[int, int]], n: int, base: int, spans: Sequence[tuple[int, int]]
+) -> list[_Candidate]:
+    """One candidate for a cluster: earliest in-bounds position, best member's source, any Boundary."""
+    in_bounds = [p for p in (_place_aligned(pos, spans) for pos, _ in cluster) if base < p <= n - 1]
+    if not in_bounds:
+        return []
+    kinds = [HintKind(kind) for _, kind in cluster]
+    source = min((_SOURCE_OF_HINT[kind] for kind in kinds), key=lambda s: (_PLANNING_RANK[s], s))
+    boundary = any(kind in _BOUNDARY_KINDS for kind in kinds)
+    return [_Candidate(min(in_bounds), source, boundary)]
+
+
+def _tail_candidate(n: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
+    """The exact prompt tail at n − 1, or None when it would split a media span."""
+    if _span_start_around(n - 1, spans) is not None:
+        return None
+    return _Candidate(n - 1, TapSource.PROMPT_TAIL, False)
+
+
+def _ladder_candidates(
+    n: int, base: int, hints: Sequence[TapHint], spans: Sequence[tuple[int, int]], options: TapOptions
+) -> list[_Candidate]:
+    """n − G·2^k for k = 0, 1, … above the base, each snapped back to a hint within the min gap."""
+    boundaries = sorted({h.position for h in hints})
+    candidates: list[_Candidate] = []
+    step = options.ladder_tokens
+    while n - step > base:
+        target = n - step
+        low = bisect_left(boundaries, target - options.min_gap_tokens)
+        high = bisect_right(boundaries, target)
+        snapped = boundaries[high - 1] if high > low else target
+        placed = _place_aligned(snapped, spans)
+        if base < placed <= n - 1:
+            candidates.append(_Candidate(placed, TapSource.LADDER, False))
+        step *= 2
+    return candidates
+
+
+class _Acceptance:
+    """Accepts candidates in the order offered, applying the proximity, gap and budget rules."""
+
+    def __init__(self, base: int, existing: Sequence[int], options: TapOptions) -> None:
+        self._base = base
+        self._existing = sorted(set(existing))
+        self._options = options
+        self._accepted: list[_Candidate] = []
+
+    def offer_explicit(self, candidate: _Candidate) -> None:
+        taken = {c.position for c in self._accepted}
+        if candidate.position in taken or self._is_existing(candidate.position):
+            return
+        self._accept(candidate)
+
+    def offer_near(self, candidate: _Candidate) -> None:
+        if not self._has_room() or self._something_just_before(candidate.position):
+            return
+        self._accept(candidate)
+
+    def offer_ladder(self, candidate: _Candidate) -> None:
+        if not self._has_room() or self._something_just_before(candidate.position):
+            return
+        gap = self._options.min_gap_tokens
+        anchors = [self._base, *self._existing, *(c.position for c in self._accepted)]
+        if any(abs(candidate.position - anchor) < gap for anchor in anchors):
+            return
+        self._accept(candidate)
+
+    def planned(self) -> list[PlannedTap]:
+        return [
+            PlannedTap(c.position, _placement_of(c.source), c.source, c.boundary)
+            for c in sorted(self._accepted, key=lambda c: c.position)
+        ]
+
+    def _has_room(self) -> bool:
+        return len(self._accepted) < self._options.max_new_taps
+
+    def _accept(self, candidate: _Candidate) -> None:
+        if self._has_room():
+            self._accepted.append(candidate)
+
+    def _is_existing(self, position: int) -> bool:
+        index = bisect_left(self._existing, position)
+        return index < len(self._existing) and self._existing[index] == position
+
+    def _something_just_before(self, position: int) -> bool:
+        """An accepted tap, existing frontier or the base at most PROXIMITY_TOKENS before ``position``."""
+        earliest = position - PROXIMITY_TOKENS
+        if earliest <= self._base <= position:
+            return True
+        if bisect_right(self._existing, position) > bisect_left(self._existing, earliest):
+            return True
+        return any(earliest <= c.position <= position for c in self._accepted)
+
+
+def _placement_of(source: TapSource) -> Placement:
+    return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.EXACT
