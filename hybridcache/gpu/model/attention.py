@@ -1,0 +1,124 @@
+"""Gated full attention over paged KV: q/k RMSNorm, partial RoPE, GQA, output times sigmoid(gate).
+
+The forward writes the new tokens' K and V into the lane's pages first, then attends over the keys it reads
+back through the block table, so a chunk may start anywhere (the prior context is whatever the pages hold).
+`AttentionInputs` (built once per forward by the model, shared by every attention layer) says where to write,
+where to read and what to mask.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from hybridcache.gpu.model.norm import rms_norm
+from hybridcache.gpu.model.rope import apply_rotary
+
+
+class AttentionInputs(NamedTuple):
+    """Where the forward's tokens go and what they see.
+
+    Prefill (one lane, `n` tokens, context `T` = start + n): `write_index [n]` and `read_index [T]` are flat
+    rows of a plane viewed as `[num_pages * 64, kv_heads, head_dim]`; `mask` is `[n, T]` bool, or None when
+    the chunk starts at 0 (plain causal). Decode (`B` lanes, one token each): `write_index [B]`,
+    `read_index [B, L]` (L = longest context), `mask [B, 1, 1, L]`.
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    write_index: torch.Tensor
+    read_index: torch.Tensor
+    mask: torch.Tensor | None
+
+
+class FullAttention(NamedTuple):
+    """One full-attention layer's weights (views into the checkpoint) and its forward."""
+
+    q_proj: torch.Tensor  # [heads * head_dim * 2, hidden]: per head, the query then its gate
+    k_proj: torch.Tensor
+    v_proj: torch.Tensor
+    o_proj: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o_bias: torch.Tensor | None
+    q_norm: torch.Tensor  # fp32 1 + w
+    k_norm: torch.Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+
+    def _project(self, x: torch.Tensor, io: AttentionInputs) -> tuple[torch.Tensor, ...]:
+        """(query [t, H, D], gate [t, H*D], key [t, Hkv, D], value [t, Hkv, D]) with RoPE applied."""
+        tokens = x.shape[0]
+        query_gate = F.linear(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
+        query, gate = query_gate.split(self.head_dim, dim=-1)
+        query = rms_norm(query, self.q_norm, self.eps)
+        key = rms_norm(
+            F.linear(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
+            self.k_norm,
+            self.eps,
+        )
+        value = F.linear(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
+        query = apply_rotary(query, io.cos, io.sin)
+        key = apply_rotary(key, io.cos, io.sin)
+        return query, gate.reshape(tokens, -1), key, value
+
+    def _write(
+        self,
+        planes: tuple[torch.Tensor, torch.Tensor],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        io: AttentionInputs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store key/value rows in the pages; return the planes as flat `[rows, Hkv, D]` views."""
+        flat_k = planes[0].view(-1, self.kv_heads, self.head_dim)
+        flat_v = planes[1].view(-1, self.kv_heads, self.head_dim)
+        flat_k.index_copy_(0, io.write_index, key)
+        flat_v.index_copy_(0, io.write_index, value)
+        return flat_k, flat_v
+
+    def _finish(self, attended: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return F.linear(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
+
+    def prefill(
+        self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
+    ) -> torch.Tensor:
+        """`x [n, hidden]` of one lane -> `[n, hidden]`. Writes the chunk's K/V into the lane's pages."""
+        tokens = x.shape[0]
+        query, gate, key, value = self._project(x, io)
+        flat_k, flat_v = self._write(planes, key, value, io)
+        if io.mask is not None:
+            key, value = flat_k[io.read_index], flat_v[io.read_index]
+        attended = F.scaled_dot_product_attention(
+            query.transpose(0, 1).unsqueeze(0),
+            key.transpose(0, 1).unsqueeze(0),
+            value.transpose(0, 1).unsqueeze(0),
+            attn_mask=io.mask,
+            is_causal=io.mask is None,
+            scale=self.head_dim**-0.5,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return self._finish(attended[0].transpose(0, 1).reshape(tokens, -1), gate)
+
+    def decode(
+        self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
+    ) -> torch.Tensor:
+        """`x [B, hidden]`, one token per lane -> `[B, hidden]`; writes each token's K/V into its page."""
+        lanes = x.shape[0]
+        query, gate, key, value = self._project(x, io)
+        flat_k, flat_v = self._write(planes, key, value, io)
+        keys = flat_k[io.read_index].transpose(1, 2)  # [B, Hkv, L, D]
+        values = flat_v[io.read_index].transpose(1, 2)
+        attended = F.scaled_dot_product_attention(
+            query.unsqueeze(2),  # [B, H, 1, D]
+            keys,
+            values,
+            attn_mask=io.mask,
+            scale=self.head_dim**-0.5,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return self._finish(attended.reshape(lanes, -1), gate)

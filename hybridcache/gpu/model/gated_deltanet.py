@@ -1,0 +1,95 @@
+"""Gated DeltaNet: projections, depthwise causal conv with its state, the gated delta rule, gated RMSNorm.
+
+The layer's memory lives in a state slot: `conv` holds the last `kernel - 1` pre-conv inputs
+(`[conv_dim, kernel - 1]`) and `recurrent` the fp32 delta-rule state (`[Hv, dk, dv]`). Prefill reads a
+slot's state (or zeros for a fresh sequence) and writes the new state back in place; decode does the same
+for a batch of slots at once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from hybridcache.gpu.model.norm import gated_rms_norm
+
+
+class GatedDeltaNet(NamedTuple):
+    """One Gated DeltaNet layer's weights (views into the checkpoint, except the small fp32 `neg_a`)."""
+
+    in_proj_qkv: torch.Tensor  # [2 * key_dim + value_dim, hidden]
+    in_proj_z: torch.Tensor  # [value_dim, hidden]
+    in_proj_b: torch.Tensor  # [Hv, hidden]
+    in_proj_a: torch.Tensor  # [Hv, hidden]
+    conv_weight: torch.Tensor  # [conv_dim, kernel]
+    neg_a: torch.Tensor  # fp32 -exp(A_log), [Hv]
+    dt_bias: torch.Tensor  # [Hv]
+    norm_weight: torch.Tensor  # [dv]
+    out_proj: torch.Tensor  # [hidden, value_dim]
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    eps: float
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(mixed qkv [t, conv_dim], z [t, Hv, dv], beta [t, Hv], log-decay [t, Hv] fp32)."""
+        mixed = F.linear(x, self.in_proj_qkv)
+        z = F.linear(x, self.in_proj_z).view(x.shape[0], self.value_heads, self.value_head_dim)
+        beta = torch.sigmoid(F.linear(x, self.in_proj_b))
+        log_decay = self.neg_a * F.softplus(F.linear(x, self.in_proj_a).float() + self.dt_bias)
+        return mixed, z, beta, log_decay
+
+    def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split `[t, conv_dim]` into q `[t, Hk, dk]`, k `[t, Hk, dk]`, v `[t, Hv, dv]`."""
+        tokens = conv_out.shape[0]
+        key_dim = self.key_heads * self.key_head_dim
+        q, k, v = conv_out.split((key_dim, key_dim, self.value_heads * self.value_head_dim), dim=-1)
+        return (
+            q.reshape(tokens, self.key_heads, self.key_head_dim),
+            k.reshape(tokens, self.key_heads, self.key_head_dim),
+            v.reshape(tokens, self.value_heads, self.value_head_dim),
+        )
+
+    def _output(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        normed = gated_rms_norm(core.to(dtype), z, self.norm_weight, self.eps)
+        return F.linear(normed.reshape(core.shape[0], -1), self.out_proj)
+
+    def prefill(
+        self, x: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, fresh: bool
+    ) -> torch.Tensor:
+        """`x [n, hidden]` of one lane -> `[n, hidden]`.
+
+        Mutates `conv_state [conv_dim, kernel-1]` and `recurrent_state [Hv, dk, dv]` (one slot's views) in
+        place; `fresh` means the sequence starts here and the slot's previous contents are ignored.
+        """
+        mixed, z, beta, log_decay = self._project(x)
+        history = torch.zeros_like(conv_state) if fresh else conv_state
+        window = torch.cat((history, mixed.transpose(0, 1).to(history.dtype)), dim=1)  # [C, K-1+n]
+        conv_out = F.silu(
+            F.conv1d(window.unsqueeze(0), self.conv_weight.unsqueeze(1), groups=window.shape[0])
+        )
+        conv_state.copy_(window[:, window.shape[1] - conv_state.shape[1] :])
+        q, k, v = self._split(conv_out[0].transpose(0, 1))
+        core, final = chunked_gated_delta_rule(q, k, v, log_decay, beta, None if fresh else recurrent_state)
+        recurrent_state.copy_(final)
+        return self._output(core, z, x.dtype)
+
+    def decode(
+        self, x: torch.Tensor, conv_plane: torch.Tensor, recurrent_plane: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """`x [B, hidden]`, one token per lane -> `[B, hidden]`.
+
+        Reads the states of `slots` (int64 `[B]`, distinct) from the planes and writes the new states back.
+        """
+        mixed, z, beta, log_decay = self._project(x)
+        window = torch.cat((conv_plane[slots], mixed.unsqueeze(-1).to(conv_plane.dtype)), dim=-1)  # [B, C, K]
+        conv_out = F.silu((window * self.conv_weight).sum(dim=-1))  # one output column: a dot per channel
+        conv_plane.index_copy_(0, slots, window[:, :, 1:])
+        q, k, v = self._split(conv_out)
+        core, new_state = recurrent_gated_delta_rule(q, k, v, log_decay, beta, recurrent_plane[slots])
+        recurrent_plane.index_copy_(0, slots, new_state)
+        return self._output(core, z, x.dtype)

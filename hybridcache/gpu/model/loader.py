@@ -1,0 +1,174 @@
+"""Build a `Qwen35Model` from a Hugging Face checkpoint directory.
+
+Weights are zero-copy views into the memory-mapped safetensors files whenever the requested dtype is the
+stored one; only the small per-channel vectors (norm scales, `-exp(A_log)`) are computed copies. `mtp.*` and
+vision weights are never touched. Every problem raises `CheckpointError` naming the file at fault.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hybridcache.gpu.model.attention import FullAttention
+from hybridcache.gpu.model.checkpoint import CheckpointWeights
+from hybridcache.gpu.model.config import FULL_ATTENTION, ModelConfig, read_model_config
+from hybridcache.gpu.model.errors import CheckpointError
+from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
+from hybridcache.gpu.model.mlp import SwiGluMlp
+from hybridcache.gpu.model.moe import MoeBlock
+from hybridcache.gpu.model.norm import norm_scale
+from hybridcache.gpu.model.qwen3_5 import DecoderLayer, Qwen35Model
+
+CONFIG_FILE = "config.json"
+
+
+class _Reader:
+    """Shape-checked, dtype-converted weight reads (conversion copies only when the dtype differs)."""
+
+    def __init__(self, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device) -> None:
+        self.weights = weights
+        self.dtype = dtype
+        self.device = device
+
+    def get(self, name: str, *shape: int) -> torch.Tensor:
+        tensor = self.weights.tensor(name)
+        if tuple(tensor.shape) != shape:
+            raise CheckpointError(
+                self.weights.file_of(name),
+                f"weight {name!r} has shape {list(tensor.shape)}, expected {list(shape)}",
+            )
+        return tensor.to(device=self.device, dtype=self.dtype)
+
+    def optional(self, name: str, *shape: int) -> torch.Tensor | None:
+        return self.get(name, *shape) if self.weights.has(name) else None
+
+
+def load_model(
+    directory: Path | str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+) -> Qwen35Model:
+    """Load the checkpoint in `directory` (default dtype: the stored one). Raises `CheckpointError`."""
+    directory = Path(directory)
+    config = read_model_config(directory / CONFIG_FILE)
+    weights = CheckpointWeights(directory)
+    prefix = config.weight_prefix
+    stored = (
+        weights.tensor(prefix + "embed_tokens.weight").dtype
+        if weights.has(prefix + "embed_tokens.weight")
+        else None
+    )
+    reader = _Reader(weights, dtype or stored or torch.float32, torch.device(device))
+    embed = reader.get(prefix + "embed_tokens.weight", config.vocab_size, config.hidden_size)
+    layers = [_decoder_layer(reader, config, i) for i in range(config.num_hidden_layers)]
+    final_norm = norm_scale(reader.get(prefix + "norm.weight", config.hidden_size))
+    if config.tie_word_embeddings:
+        lm_head = embed
+    else:
+        lm_head = reader.get("lm_head.weight", config.vocab_size, config.hidden_size)
+    return Qwen35Model(config, embed, layers, final_norm, lm_head)
+
+
+def _decoder_layer(reader: _Reader, config: ModelConfig, index: int) -> DecoderLayer:
+    name = f"{config.weight_prefix}layers.{index}."
+    hidden = config.hidden_size
+    if config.layer_types[index] == FULL_ATTENTION:
+        mixer: GatedDeltaNet | FullAttention = _attention(reader, config, name + "self_attn.")
+        memory_index = config.full_attention_layers.index(index)
+    else:
+        mixer = _gated_deltanet(reader, config, name + "linear_attn.")
+        memory_index = config.linear_attention_layers.index(index)
+    feed_forward = (
+        _moe(reader, config, name + "mlp.")
+        if config.is_moe
+        else _mlp(reader, name + "mlp.", hidden, config.intermediate_size)
+    )
+    return DecoderLayer(
+        input_norm=norm_scale(reader.get(name + "input_layernorm.weight", hidden)),
+        post_norm=norm_scale(reader.get(name + "post_attention_layernorm.weight", hidden)),
+        mixer=mixer,
+        feed_forward=feed_forward,
+        memory_index=memory_index,
+    )
+
+
+def _attention(reader: _Reader, config: ModelConfig, name: str) -> FullAttention:
+    hidden, heads, kv_heads, head_dim = (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    bias = config.attention_bias
+    return FullAttention(
+        q_proj=reader.get(name + "q_proj.weight", 2 * heads * head_dim, hidden),
+        k_proj=reader.get(name + "k_proj.weight", kv_heads * head_dim, hidden),
+        v_proj=reader.get(name + "v_proj.weight", kv_heads * head_dim, hidden),
+        o_proj=reader.get(name + "o_proj.weight", hidden, heads * head_dim),
+        q_bias=reader.get(name + "q_proj.bias", 2 * heads * head_dim) if bias else None,
+        k_bias=reader.get(name + "k_proj.bias", kv_heads * head_dim) if bias else None,
+        v_bias=reader.get(name + "v_proj.bias", kv_heads * head_dim) if bias else None,
+        o_bias=reader.get(name + "o_proj.bias", hidden) if bias else None,
+        q_norm=norm_scale(reader.get(name + "q_norm.weight", head_dim)),
+        k_norm=norm_scale(reader.get(name + "k_norm.weight", head_dim)),
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        eps=config.rms_norm_eps,
+    )
+
+
+def _gated_deltanet(reader: _Reader, config: ModelConfig, name: str) -> GatedDeltaNet:
+    hidden, value_heads = config.hidden_size, config.linear_num_value_heads
+    conv = reader.get(name + "conv1d.weight", config.conv_dim, 1, config.linear_conv_kernel_dim)
+    a_log = reader.weights.tensor(name + "A_log")
+    if tuple(a_log.shape) != (value_heads,):
+        raise CheckpointError(
+            reader.weights.file_of(name + "A_log"),
+            f"weight {name + 'A_log'!r} has shape {list(a_log.shape)}, expected [{value_heads}]",
+        )
+    return GatedDeltaNet(
+        in_proj_qkv=reader.get(name + "in_proj_qkv.weight", config.conv_dim, hidden),
+        in_proj_z=reader.get(name + "in_proj_z.weight", config.linear_value_dim, hidden),
+        in_proj_b=reader.get(name + "in_proj_b.weight", value_heads, hidden),
+        in_proj_a=reader.get(name + "in_proj_a.weight", value_heads, hidden),
+        conv_weight=conv.squeeze(1),
+        neg_a=-a_log.float().exp().to(reader.device),
+        dt_bias=reader.get(name + "dt_bias", value_heads),
+        norm_weight=reader.get(name + "norm.weight", config.linear_value_head_dim),
+        out_proj=reader.get(name + "out_proj.weight", hidden, config.linear_value_dim),
+        key_heads=config.linear_num_key_heads,
+        value_heads=value_heads,
+        key_head_dim=config.linear_key_head_dim,
+        value_head_dim=config.linear_value_head_dim,
+        eps=config.rms_norm_eps,
+    )
+
+
+def _mlp(reader: _Reader, name: str, hidden: int, intermediate: int) -> SwiGluMlp:
+    return SwiGluMlp(
+        gate_proj=reader.get(name + "gate_proj.weight", intermediate, hidden),
+        up_proj=reader.get(name + "up_proj.weight", intermediate, hidden),
+        down_proj=reader.get(name + "down_proj.weight", hidden, intermediate),
+    )
+
+
+def _moe(reader: _Reader, config: ModelConfig, name: str) -> MoeBlock:
+    hidden, experts = config.hidden_size, config.num_experts
+    return MoeBlock(
+        router=reader.get(name + "gate.weight", experts, hidden),
+        experts=_experts(reader, config, name + "experts."),
+        shared_expert=_mlp(reader, name + "shared_expert.", hidden, config.shared_expert_intermediate_size),
+        shared_expert_gate=reader.get(name + "shared_expert_gate.weight", 1, hidden),
+        top_k=config.num_experts_per_tok,
+    )
+
+
+def _experts(reader: _Reader, config: ModelConfig, name: str) -> tuple[SwiGluMlp, ...]:
+    """Per-expert weights (`experts.{e}.gate_proj.weight` ...) or slices of the fused 3-D layout."""
+    hidden, experts, inner = config.hidden_size, config.num_experts, config.moe_intermediate_size
+    if reader.weights.has(name + "gate_up_proj"):
+        gate_up = reader.get(name + "gate_up_proj", experts, 2 * inner, hidden)
+        down = reader.get(name + "down_proj", experts, hidden, inner)
+        return tuple(SwiGluMlp(gate_up[e, :inner], gate_up[e, inner:], down[e]) for e in range(experts))
+    return tuple(_mlp(reader, f"{name}{e}.", hidden, inner) for e in range(experts))

@@ -1,0 +1,35 @@
+"""The MoE feed-forward of Qwen3.5-MoE: softmax top-k routing (renormalised), SwiGLU experts, and a shared
+expert scaled by `sigmoid(shared_expert_gate(x))`. Pure; expert weights are checkpoint views (per-expert
+tensors, or slices of the fused `[E, 2I, H]` / `[E, H, I]` layout), never stacked copies.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from hybridcache.gpu.model.mlp import SwiGluMlp
+
+
+class MoeBlock(NamedTuple):
+    router: torch.Tensor  # [experts, hidden]
+    experts: tuple[SwiGluMlp, ...]
+    shared_expert: SwiGluMlp
+    shared_expert_gate: torch.Tensor  # [1, hidden]
+    top_k: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [t, hidden]` -> `[t, hidden]`."""
+        logits = F.linear(x, self.router)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(logits.dtype)
+        routed = torch.zeros_like(x)
+        for expert_index in torch.unique(chosen).tolist():
+            token_index, rank = torch.where(chosen == expert_index)
+            expert_out = self.experts[expert_index](x[token_index]) * weights[token_index, rank, None]
+            routed.index_add_(0, token_index, expert_out.to(routed.dtype))
+        shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
+        return routed + shared

@@ -1,0 +1,118 @@
+"""State slots: one array of `num_slots` StateImages, addressed by slot index.
+
+A StateImage is every Gated DeltaNet layer's recurrent memory for one sequence: the depthwise conv's last
+`kernel - 1` inputs (`[conv_dim, kernel - 1]`, model dtype) and the fp32 recurrent state
+(`[value_heads, key_head_dim, value_head_dim]`). Roles (active lane / snapshot / staging) are a map kept by
+the engine; here a slot is only bytes. `image_parts` lays an image out as named byte ranges in forward order
+(layer by layer, conv then recurrent), which is what restores and write-through move part by part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from hybridcache.cache.ids import SlotId
+from hybridcache.gpu.kv_pool import check_byte_buffer, flat_bytes
+
+
+class ImagePart(NamedTuple):
+    """One plane's bytes within a StateImage: `name` is e.g. `layer0.conv`, `layer` the model layer index."""
+
+    name: str
+    layer: int
+    offset: int
+    nbytes: int
+
+
+class StateShape(NamedTuple):
+    """The per-layer shapes of a StateImage."""
+
+    conv_dim: int
+    conv_width: int  # kernel - 1 columns of history
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+
+
+class StateSlots:
+    """The state-slot array. Mutated in place by the forward and by the copy helpers below."""
+
+    def __init__(
+        self,
+        layers: Sequence[int],
+        num_slots: int,
+        shape: StateShape,
+        conv_dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.layers = tuple(layers)
+        self.num_slots = num_slots
+        self.shape = shape
+        conv_shape = (num_slots, shape.conv_dim, shape.conv_width)
+        rec_shape = (num_slots, shape.value_heads, shape.key_head_dim, shape.value_head_dim)
+        self.conv_planes = [torch.zeros(conv_shape, dtype=conv_dtype, device=device) for _ in self.layers]
+        self.recurrent_planes = [
+            torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in self.layers
+        ]
+        self.image_parts = _image_parts(self.layers, self.planes())
+        self.image_bytes = sum(part.nbytes for part in self.image_parts)
+
+    def planes(self) -> list[torch.Tensor]:
+        """Every plane in image order (conv then recurrent, per layer in forward order)."""
+        return [plane for pair in zip(self.conv_planes, self.recurrent_planes) for plane in pair]
+
+    def reset_slot(self, slot: SlotId) -> None:
+        """Zero slot `slot`: the state of an empty sequence. Mutates it."""
+        with torch.inference_mode():
+            for plane in self.planes():
+                plane[slot].zero_()
+
+    def copy_slot(self, src: SlotId, dst: SlotId) -> None:
+        """Copy slot `src` into `dst`. Mutates `dst`."""
+        with torch.inference_mode():
+            for plane in self.planes():
+                plane[dst].copy_(plane[src])
+
+    def export_slot_into(self, slot: SlotId, out: torch.Tensor) -> None:
+        """Pack slot `slot` plane by plane into the flat uint8 tensor `out` (>= image_bytes).
+
+        Mutates `out` only; raises ValueError when `out` is too small or not uint8.
+        """
+        check_byte_buffer(out, self.image_bytes)
+        with torch.inference_mode():
+            for part, plane in zip(self.image_parts, self.planes()):
+                out[part.offset : part.offset + part.nbytes].copy_(flat_bytes(plane[slot]))
+
+    def import_slot_from(self, slot: SlotId, data: torch.Tensor) -> None:
+        """Unpack an image (flat uint8 tensor, >= image_bytes) into slot `slot`. Mutates the slot."""
+        check_byte_buffer(data, self.image_bytes)
+        with torch.inference_mode():
+            for part, plane in zip(self.image_parts, self.planes()):
+                flat_bytes(plane[slot]).copy_(data[part.offset : part.offset + part.nbytes])
+
+    def export_slot(self, slot: SlotId) -> bytes:
+        """The image of slot `slot` as bytes. Does not mutate."""
+        out = torch.empty(self.image_bytes, dtype=torch.uint8)
+        self.export_slot_into(slot, out)
+        return out.numpy().tobytes()
+
+    def import_slot(self, slot: SlotId, data: bytes | bytearray | memoryview) -> None:
+        """Write an image (as `export_slot` made it) into slot `slot`. Mutates it; ValueError on size."""
+        if len(data) != self.image_bytes:
+            raise ValueError(f"expected {self.image_bytes} image bytes, got {len(data)}")
+        self.import_slot_from(slot, torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+
+def _image_parts(layers: tuple[int, ...], planes: list[torch.Tensor]) -> list[ImagePart]:
+    parts: list[ImagePart] = []
+    offset = 0
+    kinds = ("conv", "recurrent")
+    for i, plane in enumerate(planes):
+        layer = layers[i // 2]
+        nbytes = plane[0].numel() * plane.element_size()
+        parts.append(ImagePart(f"layer{layer}.{kinds[i % 2]}", layer, offset, nbytes))
+        offset += nbytes
+    return parts
