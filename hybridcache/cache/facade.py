@@ -1,0 +1,307 @@
+"""Cache: the engine's one entry point to the prefix index (called from the single worker task).
+
+Every call plans events with the pure policy functions, applies them through ``PrefixIndex.apply``
+(appending each to ``journal`` when one is given), and returns a small frozen result naming the copies
+the engine must issue. Nothing here touches bytes: gpu/ moves them, then reports back with
+``restore_done`` / ``host_write_done``.
+
+Request flow: ``quote`` -> ``stage`` -> ``activate`` -> (``commit_blocks`` / ``take_tap`` /
+``publish_ready_taps`` / ``allocate_growth_pages``)* -> ``finish`` | ``cancel`` | ``release``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.cost_model import CacheCostModel
+from hybridcache.cache.device_eviction import plan_device_eviction
+from hybridcache.cache.facade_publish import PublicationCalls
+from hybridcache.cache.facade_results import (
+    CommitResult,
+    NotReady,
+    PageCopy,
+    RestorePlan,
+    SlabToPage,
+    Staged,
+    StaleQuote,
+    StateSourceKind,
+)
+from hybridcache.cache.geometry import CacheGeometry
+from hybridcache.cache.hashing import block_hash
+from hybridcache.cache.host_eviction import (
+    path_sharers,
+    plan_host_room,
+    plan_revalue,
+)
+from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SnapshotId
+from hybridcache.cache.index import PrefixIndex
+from hybridcache.cache.match import PromptInput, Quote, Readiness, quote
+from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot
+
+
+class CacheStats:
+    """Counters for metrics (not logical state: not in the digest, not replayed)."""
+
+    __slots__ = ("endpoints_skipped", "evicted_device_events", "evicted_host_events", "taps_skipped_no_slot")
+
+    def __init__(self) -> None:
+        self.taps_skipped_no_slot = 0
+        self.endpoints_skipped = 0
+        self.evicted_device_events = 0
+        self.evicted_host_events = 0
+
+
+_SNAPSHOT_EVENTS = (
+    ev.SnapshotDeleted,
+    ev.SnapshotHostDropped,
+    ev.SnapshotSuperseded,
+    ev.SnapshotRetained,
+    ev.SnapshotHit,
+)
+
+
+class Cache(PublicationCalls):
+    """The facade. Not thread-safe: one worker owns it. Methods mutate the index through events."""
+
+    def __init__(
+        self, geometry: CacheGeometry, cost: CacheCostModel | None = None, journal: list | None = None
+    ) -> None:
+        self.index = PrefixIndex(geometry)
+        self.cost = cost or CacheCostModel.default()
+        self.journal = journal
+        self.stats = CacheStats()
+
+    # ------------------------------------------------------------------ event plumbing
+    def _apply(self, event: ev.CacheEvent) -> None:
+        event = msgspec.structs.replace(event, seq=self.index.seq + 1)
+        self.index.apply(event)
+        if self.journal is not None:
+            self.journal.append(event)
+
+    def _apply_valued(self, events: Sequence[ev.CacheEvent]) -> None:
+        """Apply, then recompute H for every snapshot whose value the events may change."""
+        related: list[Snapshot] = []
+        anchors: list[BlockNode] = []
+        for event in events:
+            if isinstance(event, _SNAPSHOT_EVENTS):
+                snap = self.index.snapshots.get(SnapshotId(event.snapshot))
+                if snap is not None:
+                    related.append(snap)
+                    if snap.ancestor is not None:
+                        related.append(snap.ancestor)
+                    related.extend(snap.dependents.values())
+                    anchors.append(snap.anchor)
+        for event in events:
+            self._apply(event)
+        for anchor in anchors:
+            if self.index.nodes.get(anchor.id) is anchor:
+                related.extend(path_sharers(anchor, 1))
+        self._revalue(related)
+
+    def _revalue(self, snaps: list[Snapshot]) -> None:
+        for event in plan_revalue(self.index, snaps, self.cost):
+            self._apply(event)
+
+    def checkpoint(self) -> ev.Checkpoint:
+        """Apply (and journal) a Checkpoint of the current digest. Mutates seq only."""
+        event = ev.Checkpoint(self.index.seq + 1, self.index.digest())
+        self.index.apply(event)
+        if self.journal is not None:
+            self.journal.append(event)
+        return event
+
+    def _free_device_pages(self, count: int) -> bool:
+        """Evict from the device LRU until ``count`` pages are free. Mutates; False if impossible."""
+        while self.index.num_free_pages < count:
+            events = plan_device_eviction(self.index, count)
+            if not events:
+                return False
+            self.stats.evicted_device_events += len(events)
+            self._apply_valued(events)
+        return True
+
+    def _free_host_slabs(self, count: int, new_value: float | None) -> bool:
+        while True:
+            events = plan_host_room(self.index, count, new_value)
+            if events is None:
+                return False
+            if not events:
+                return True
+            self.stats.evicted_host_events += len(events)
+            self._apply_valued(events)
+
+    # ------------------------------------------------------------------ admission (§6)
+    def quote(self, prompt: PromptInput) -> Quote:
+        """Lookup, choice and capacity for ``prompt`` (§6.1–§6.3). Pure."""
+        return quote(self.index, prompt, self.cost)
+
+    def stage(self, quoted: Quote, lane: int) -> Staged:
+        """Pin the quoted path, evict for pages, reserve the slot and pages, open the restore batch.
+
+        Mutates. Raises StaleQuote when the index changed since ``quoted``; NotReady when the quote is
+        not Ready or ``lane`` is already in use.
+        """
+        index = self.index
+        if quoted.cache_epoch != index.cache_epoch:
+            raise StaleQuote(f"quote at epoch {quoted.cache_epoch}, index at {index.cache_epoch}")
+        if quoted.readiness != Readiness.READY or LaneId(lane) in index.lanes:
+            raise NotReady(f"quote is {quoted.readiness.name} or lane {lane} is in use")
+        slot = index.slots.peek_free()
+        assert slot is not None
+        snap = None if quoted.snapshot is None else index.snapshots[quoted.snapshot]
+        if snap is not None:
+            hit: list[ev.CacheEvent] = [ev.SnapshotRetained(0, snap.id)] if snap.superseded else []
+            self._apply_valued([*hit, ev.SnapshotHit(0, snap.id)])
+        self._apply(
+            ev.LaneStaged(
+                0,
+                lane,
+                quoted.enabled,
+                slot,
+                quoted.reuse_tokens,
+                quoted.path,
+                (),
+                None if snap is None else snap.id,
+            )
+        )
+        restore_pages = len(quoted.host_only_nodes) + quoted.tail_restore
+        if not self._free_device_pages(restore_pages + quoted.private_pages):
+            self._apply(ev.LaneReleased(0, lane))
+            raise StaleQuote("the pages the quote counted are no longer available")
+        pages = index.pages.peek_free(restore_pages + quoted.private_pages)
+        assert pages is not None
+        private = tuple(pages[restore_pages:])
+        self._apply(ev.LanePagesGranted(0, lane, private))
+        restore = self._open_restore(quoted, lane, snap, tuple(pages[:restore_pages]))
+        return self._staged(quoted, index.lanes[LaneId(lane)], snap, restore)
+
+    def _open_restore(self, quoted: Quote, lane: int, snap: Snapshot | None, pages: tuple[PageId, ...]):
+        nodes = quoted.host_only_nodes
+        if not nodes and not quoted.tail_restore and not quoted.image_restore:
+            return None
+        batch = self.index.next_batch_id
+        tail_page = pages[-1] if quoted.tail_restore else None
+        node_pages = pages[: len(nodes)]
+        with_snap = quoted.tail_restore or quoted.image_restore
+        self._apply(
+            ev.RestoreOpened(
+                0,
+                batch,
+                lane,
+                nodes,
+                node_pages,
+                snap.id if with_snap and snap else None,
+                tail_page,
+                quoted.image_restore,
+            )
+        )
+        restored = [self.index.nodes[n] for n in nodes]
+        blocks = tuple(SlabToPage(n.host_slab, n.device_page) for n in restored)  # type: ignore[arg-type]
+        tail = None
+        if tail_page is not None and snap is not None:
+            tail = SlabToPage(snap.tail_host_slab, tail_page)  # type: ignore[arg-type]
+        image = snap.host_slabs if quoted.image_restore and snap is not None else ()
+        return RestorePlan(batch, blocks, tail, tuple(image))
+
+    def _staged(
+        self, quoted: Quote, lane: Lane, snap: Snapshot | None, restore: RestorePlan | None
+    ) -> Staged:
+        assert lane.slot is not None
+        table = self.block_table(lane.id)
+        tail_copy = None
+        if snap is not None and snap.tail_tokens:
+            assert snap.tail_device_page is not None
+            tail_copy = PageCopy(snap.tail_device_page, lane.table[0], len(snap.tail_tokens))
+        if snap is None:
+            source, source_slot = StateSourceKind.RESET, None
+        elif quoted.image_restore:
+            source, source_slot = StateSourceKind.RESTORE, None
+        else:
+            source, source_slot = StateSourceKind.COPY_SLOT, snap.device_slot
+        return Staged(
+            lane.id,
+            lane.slot,
+            quoted.source_kind,
+            None if snap is None else snap.id,
+            quoted.reuse_tokens,
+            table,
+            source,
+            source_slot,
+            tail_copy,
+            restore,
+            quoted.restored_host_bytes,
+        )
+
+    def activate(self, lane: int) -> None:
+        """The engine enqueued the fork: drop the staging pin on the source snapshot. Mutates."""
+        self._apply(ev.LaneActivated(0, lane))
+
+    def restore_done(self, batch: int) -> None:
+        """Every copy of restore ``batch`` landed: its nodes and tail become device resident. Mutates."""
+        self._apply(ev.RestoreLanded(0, batch))
+
+    def host_write_done(self, batch: int) -> None:
+        """Every copy of write batch ``batch`` landed: host copies become resident. Mutates."""
+        self._apply(ev.HostWriteLanded(0, batch))
+
+    def block_table(self, lane: int) -> tuple[PageId, ...]:
+        """Pages the lane maps, block 0 first: its staged path, then its own pages. Pure."""
+        la = self.index.lanes[LaneId(lane)]
+        staged = la.path[: la.base // BLOCK_TOKENS]
+        return tuple(n.device_page for n in staged) + tuple(la.table)  # type: ignore[misc]
+
+    def allocate_growth_pages(self, lane: int, count: int) -> tuple[PageId, ...] | None:
+        """``count`` more private pages for the lane, evicting the device LRU (§9.5). Mutates;
+        None (nothing granted) when even an empty LRU cannot supply them."""
+        if not self._free_device_pages(count):
+            return None
+        pages = self.index.pages.peek_free(count)
+        assert pages is not None
+        self._apply(ev.LanePagesGranted(0, lane, tuple(pages)))
+        return tuple(pages)
+
+    # ------------------------------------------------------------------ block commit (§7.6)
+    def commit_blocks(
+        self,
+        lane: int,
+        tokens: Sequence[int],
+        block_hashes: Sequence[int] | None = None,
+        extras: Sequence[int] | None = None,
+    ) -> CommitResult:
+        """Commit every full block of ``tokens`` (the lane's committed tokens) not yet on its path:
+        Duplicate, adopt a host-only node, or insert. Disabled lanes commit nothing. Mutates."""
+        index = self.index
+        la = index.lanes[LaneId(lane)]
+        inserted = adopted = duplicates = 0
+        if not la.enabled or not la.activated:
+            return CommitResult(0, 0, 0, len(la.path))
+        first_private = la.base // BLOCK_TOKENS
+        for block in range(len(la.path), len(tokens) // BLOCK_TOKENS):
+            if block - first_private >= len(la.table):
+                break
+            parent = la.path[-1] if la.path else index.root
+            start = block * BLOCK_TOKENS
+            chunk = tuple(tokens[start : start + BLOCK_TOKENS])
+            extra = 0 if extras is None else extras[block]
+            if block_hashes is not None and block < len(block_hashes):
+                lookup = block_hashes[block]
+            else:
+                lookup = block_hash(parent.lookup_hash, chunk, extra)
+            child = parent.child(lookup, chunk, extra)
+            seq = index.seq + 1
+            if child is None:
+                event: ev.CacheEvent = ev.BlockInserted(seq, lane, index.next_node_id, lookup, chunk, extra)
+                inserted += 1
+            elif child.device_state == Residency.ABSENT:
+                event = ev.BlockAdopted(seq, lane, child.id)
+                adopted += 1
+            else:
+                event = ev.BlockDuplicated(seq, lane, child.id)
+                duplicates += 1
+            index.apply(event)
+            if self.journal is not None:
+                self.journal.append(event)
+        return CommitResult(inserted, adopted, duplicates, len(la.path))

@@ -1,0 +1,274 @@
+"""Cache facade, second half: taps (§7.4, §9.2), finish / cancel / release (§7.7) and write-through.
+
+Mixed into ``Cache`` (facade.py); uses its event plumbing (``_apply``, ``_apply_valued``, ``_revalue``,
+``_free_device_pages``, ``_free_host_slabs``). Every public call mutates the index through events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.facade_results import (
+    FinishResult,
+    HostWritePlan,
+    PageCopy,
+    PageToSlab,
+    PublishedTap,
+    PublishResult,
+    SlotToSlabs,
+    TapResult,
+)
+from hybridcache.cache.host_eviction import estimate_new_priority, plan_supersession
+from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
+from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
+from hybridcache.cache.slots import plan_snapshot_slot
+
+if TYPE_CHECKING:
+    from hybridcache.cache.facade import Cache
+
+    _Base = Cache
+else:
+    _Base = object
+
+
+class PublicationCalls(_Base):
+    # ------------------------------------------------------------------ taps (§7.4, §9.2)
+    def _previous_frontier(self, la: Lane) -> int:
+        lineage = None if la.lineage is None else self.index.snapshots.get(la.lineage)
+        return max(la.base, 0 if lineage is None else lineage.frontier)
+
+    def take_tap(self, lane: int, position: int, boundary: bool = False) -> TapResult:
+        """Reserve a staging slot for a tap at ``position`` (supersedes the lineage first). Mutates.
+        The engine copies the lane's state into the returned slot; ``slot`` None means skipped."""
+        la = self.index.lanes[LaneId(lane)]
+        if not la.enabled:
+            return TapResult(None, "disabled")
+        if position <= self._previous_frontier(la) or position in la.pending_taps:
+            return TapResult(None, "not deeper than the lane's snapshots")
+        self._apply_valued(plan_supersession(self.index, [la.resumed_from, la.lineage], position))
+        value = estimate_new_priority(
+            self.index, self.cost, position, self._previous_frontier(la), position % BLOCK_TOKENS != 0
+        )
+        if not self._make_slot_room(value, needs_free_slot=True):
+            self.stats.taps_skipped_no_slot += 1
+            return TapResult(None, "no snapshot slot")
+        slot = self.index.slots.peek_free()
+        assert slot is not None
+        self._apply(ev.TapTaken(0, lane, position, slot, boundary))
+        return TapResult(slot)
+
+    def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
+        while True:
+            events = plan_snapshot_slot(self.index, value, needs_free_slot)
+            if events is None:
+                return False
+            if not events:
+                return True
+            self._apply_valued(events)
+
+    def _lane_page(self, la: Lane, block: int) -> PageId:
+        first_private = la.base // BLOCK_TOKENS
+        if block < first_private:
+            page = la.path[block].device_page
+            assert page is not None
+            return page
+        return la.table[block - first_private]
+
+    def publish_ready_taps(self, lane: int, tokens: Sequence[int]) -> PublishResult:
+        """Publish every pending tap whose anchor blocks are committed, then write their images (and
+        tails) through to the host. Mutates."""
+        la = self.index.lanes[LaneId(lane)]
+        published: list[PublishedTap] = []
+        dropped: list[int] = []
+        snaps: list[Snapshot] = []
+        for position in sorted(la.pending_taps):
+            outcome = self._publish_tap(la, position, tokens)
+            if outcome is None:
+                continue
+            if isinstance(outcome, int):
+                dropped.append(outcome)
+                continue
+            published.append(outcome)
+            snaps.append(self.index.snapshots[outcome.snapshot])
+        write = self._plan_write([], snaps)
+        return PublishResult(tuple(published), tuple(dropped), write)
+
+    def _publish_tap(self, la: Lane, position: int, tokens: Sequence[int]) -> PublishedTap | int | None:
+        index = self.index
+        full, tail_len = divmod(position, BLOCK_TOKENS)
+        if len(la.path) < full + (tail_len > 0) or len(tokens) < position:
+            return None  # anchor blocks not committed yet
+        anchor = la.path[full - 1] if full else index.root
+        tail = tuple(tokens[full * BLOCK_TOKENS : position])
+        tap = la.pending_taps[position]
+        if (anchor.id, tail) in index.snapshot_by_key or (tail_len and not self._free_device_pages(1)):
+            self._apply(ev.TapDropped(0, la.id, position))
+            return position
+        tail_page = None
+        copy = None
+        if tail_len:
+            pages = index.pages.peek_free(1)
+            assert pages is not None
+            tail_page = pages[0]
+            copy = PageCopy(self._lane_page(la, full), tail_page, tail_len)
+        self._apply_valued(plan_supersession(index, [la.resumed_from, la.lineage], position))
+        value = estimate_new_priority(index, self.cost, position, self._previous_frontier(la), tail_len > 0)
+        kind = SnapshotKind.BOUNDARY if tap.boundary else SnapshotKind.TAP
+        sid = index.next_snapshot_id
+        self._apply(
+            ev.SnapshotPublished(0, sid, la.id, int(kind), anchor.id, tail, tail_page, position, value)
+        )
+        self._revalue([index.snapshots[SnapshotId(sid)]])
+        return PublishedTap(SnapshotId(sid), position, copy)
+
+    # ------------------------------------------------------------------ finish (§7.7)
+    def finish(
+        self,
+        lane: int,
+        tokens: Sequence[int],
+        block_hashes: Sequence[int] | None = None,
+        extras: Sequence[int] | None = None,
+    ) -> FinishResult:
+        """Terminal settlement: commit, publish ready taps, take the endpoint snapshot (the lane's image
+        by role change, its partial last page as the tail), write the lane's device-only blocks and the
+        endpoint through, and release the lane. ``tokens``: every committed token. Mutates."""
+        la = self.index.lanes.get(LaneId(lane))
+        if la is None:
+            raise KeyError(f"lane {lane} is not staged")
+        if la.activated:
+            self.commit_blocks(lane, tokens, block_hashes, extras)
+        taps = self.publish_ready_taps(lane, tokens) if la.enabled else PublishResult((), (), None)
+        endpoint, skipped = self._publish_endpoint(la, tokens)
+        snaps = [] if endpoint is None else [self.index.snapshots[endpoint]]
+        write = self._plan_write(la.path, snaps)
+        self._apply(ev.LaneReleased(0, lane))
+        return FinishResult(endpoint, skipped, taps, write)
+
+    def cancel(self, lane: int, tokens: Sequence[int]) -> FinishResult:
+        """Cancel: finish semantics after at least one committed unit, else a plain release. Mutates."""
+        la = self.index.lanes[LaneId(lane)]
+        if la.activated and len(tokens) > la.base:
+            return self.finish(lane, tokens)
+        return self.release(lane)
+
+    def release(self, lane: int) -> FinishResult:
+        """Release without an endpoint or tap publication; device-only path blocks are still written
+        through. Mutates."""
+        la = self.index.lanes[LaneId(lane)]
+        write = self._plan_write(la.path, [])
+        self._apply(ev.LaneReleased(0, lane))
+        return FinishResult(None, "released", PublishResult((), (), None), write)
+
+    def _deepest_on_path(self, la: Lane, tokens: Sequence[int], frontier: int) -> int:
+        deepest = la.base
+        for anchor in (self.index.root, *la.path):
+            for snap in anchor.snapshots:
+                if deepest < snap.frontier <= frontier:
+                    start = snap.frontier - len(snap.tail_tokens)
+                    if tuple(tokens[start : snap.frontier]) == snap.tail_tokens:
+                        deepest = snap.frontier
+        return deepest
+
+    def _publish_endpoint(self, la: Lane, tokens: Sequence[int]) -> tuple[SnapshotId | None, str | None]:
+        index = self.index
+        frontier = len(tokens)
+        full, tail_len = divmod(frontier, BLOCK_TOKENS)
+        if not la.enabled or la.slot is None or not la.activated:
+            return None, "disabled or inactive"
+        deepest = self._deepest_on_path(la, tokens, frontier)
+        if frontier - deepest < BLOCK_TOKENS or len(la.path) < full:
+            return None, "within 64 tokens of a snapshot"
+        anchor = la.path[full - 1] if full else index.root
+        tail = tuple(tokens[full * BLOCK_TOKENS : frontier])
+        if tail_len and full - la.base // BLOCK_TOKENS >= len(la.table):
+            return None, "no page holds the last tokens"
+        tail_page = self._lane_page(la, full) if tail_len else None
+        if tail_page is not None and tail_page not in la.private:
+            return None, "the last page is not private"
+        self._apply_valued(plan_supersession(index, [la.resumed_from], frontier))
+        value = estimate_new_priority(index, self.cost, frontier, deepest, tail_len > 0)
+        if not self._make_slot_room(value, needs_free_slot=False):
+            self.stats.endpoints_skipped += 1
+            return None, "no snapshot slot"
+        sid = index.next_snapshot_id
+        self._apply(
+            ev.SnapshotPublished(
+                0, sid, la.id, int(SnapshotKind.ENDPOINT), anchor.id, tail, tail_page, None, value
+            )
+        )
+        self._revalue([index.snapshots[SnapshotId(sid)]])
+        return SnapshotId(sid), None
+
+    # ------------------------------------------------------------------ write-through
+    def _plan_write(self, nodes: Sequence[BlockNode], snaps: Sequence[Snapshot]) -> HostWritePlan | None:
+        """Open one write-through batch for device-only nodes, images and tails that fit. Mutates."""
+        index = self.index
+        if index.host is None:
+            return None
+        chosen_nodes: list[BlockNode] = []
+        for node in nodes:
+            if node.device_state != Residency.RESIDENT or node.host_state != Residency.ABSENT:
+                continue
+            if not self._free_host_slabs(len(chosen_nodes) + 1, None):
+                break
+            chosen_nodes.append(node)
+        total = len(chosen_nodes)
+        images: list[Snapshot] = []
+        tails: list[Snapshot] = []
+        for snap in snaps:
+            if index.snapshots.get(snap.id) is not snap:
+                continue
+            image = snap.device_state == Residency.RESIDENT and snap.host_state == Residency.ABSENT
+            tail = (
+                bool(snap.tail_tokens)
+                and snap.tail_device_state == Residency.RESIDENT
+                and (snap.tail_host_state == Residency.ABSENT)
+            )
+            need = index.geometry.image_slabs * image + tail
+            if need == 0 or not self._free_host_slabs(total + need, snap.gdsf_h):
+                continue
+            total += need
+            if image:
+                images.append(snap)
+            if tail:
+                tails.append(snap)
+        return self._open_write(chosen_nodes, images, tails, total)
+
+    def _open_write(
+        self, nodes: list[BlockNode], images: list[Snapshot], tails: list[Snapshot], total: int
+    ) -> HostWritePlan | None:
+        if total == 0:
+            return None
+        index = self.index
+        assert index.host is not None
+        slabs = index.host.peek_free(total)
+        assert slabs is not None
+        per_image = index.geometry.image_slabs
+        node_slabs = tuple(slabs[: len(nodes)])
+        cursor = len(nodes)
+        image_slabs: list[tuple[SlabId, ...]] = []
+        for _ in images:
+            image_slabs.append(tuple(slabs[cursor : cursor + per_image]))
+            cursor += per_image
+        tail_slabs = tuple(slabs[cursor : cursor + len(tails)])
+        batch = index.next_batch_id
+        self._apply(
+            ev.HostWriteOpened(
+                0,
+                batch,
+                tuple(n.id for n in nodes),
+                node_slabs,
+                tuple(s.id for s in images),
+                tuple(image_slabs),
+                tuple(s.id for s in tails),
+                tail_slabs,
+            )
+        )
+        return HostWritePlan(
+            batch,
+            tuple(PageToSlab(n.device_page, slab) for n, slab in zip(nodes, node_slabs)),  # type: ignore[arg-type]
+            tuple(SlotToSlabs(s.device_slot, group) for s, group in zip(images, image_slabs)),  # type: ignore[arg-type]
+            tuple(PageToSlab(s.tail_device_page, slab) for s, slab in zip(tails, tail_slabs)),  # type: ignore[arg-type]
+        )

@@ -1,0 +1,191 @@
+"""Host tier policy (§9.3): GDSF valuation, supersession, and slab allocation planning. Pure.
+
+H(s) = L_s + F(s)·C(s)/Z(s) with F = 1 + hits, C = prefill saved over the nearest retained ancestor
+minus the image restore, Z = image + tail + exclusive path bytes. Planners return events (seq 0; the
+caller numbers and applies them) and never mutate.
+
+Deviations: "exclusive path" counts every node (one slab each, written through or about to be) from the
+anchor up while exactly one snapshot (retained or superseded) lies below it, so superseded siblings
+still share a path until they are evicted, which they are first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.cost_model import CacheCostModel
+from hybridcache.cache.device_eviction import subtree_removable
+from hybridcache.cache.records import BlockNode, Residency, Snapshot, SnapshotKind
+
+if TYPE_CHECKING:
+    from hybridcache.cache.index import PrefixIndex
+
+
+# ---------------------------------------------------------------------- valuation
+def retained_ancestor_frontier(snap: Snapshot) -> int:
+    """F_a of the nearest retained snapshot above ``snap`` (0 for the root). Pure."""
+    ancestor = snap.ancestor
+    while ancestor is not None and ancestor.superseded:
+        ancestor = ancestor.ancestor
+    return 0 if ancestor is None else ancestor.frontier
+
+
+def exclusive_path_bytes(index: PrefixIndex, anchor: BlockNode) -> int:
+    """Host bytes of path nodes below which only one snapshot lies (see module note). Pure."""
+    total = 0
+    node: BlockNode | None = anchor
+    while node is not None and node.parent is not None and node.live_snapshots_below <= 1:
+        total += index.geometry.slab_bytes
+        node = node.parent
+    return total
+
+
+def path_sharers(anchor: BlockNode, threshold: int) -> list[Snapshot]:
+    """Snapshots whose exclusive path changed when one was added (threshold 2) or removed (threshold 1)
+    at ``anchor``: the snapshots below the lowest ancestor holding exactly ``threshold``. Pure."""
+    node: BlockNode | None = anchor
+    while node is not None and node.live_snapshots_below < threshold:
+        node = node.parent
+    if node is None or node.live_snapshots_below != threshold:
+        return []
+    found: list[Snapshot] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        found.extend(current.snapshots)
+        stack.extend(c for c in current.iter_children() if c.live_snapshots_below > 0)
+    return found
+
+
+def priority(
+    index: PrefixIndex,
+    cost: CacheCostModel,
+    frontier: int,
+    base: int,
+    hits: int,
+    size_bytes: int,
+    l_base: float,
+) -> float:
+    """H for a snapshot at ``frontier`` valued against ``base``. Pure."""
+    saved = cost.prefill_seconds(base, frontier - base) - cost.restore_seconds(index.geometry.image_bytes)
+    return l_base + (1 + hits) * max(saved, 0.0) / max(size_bytes, 1)
+
+
+def value_snapshot(index: PrefixIndex, snap: Snapshot, cost: CacheCostModel) -> float:
+    """H(snap) from the current index (L_s is the snapshot's own base). Pure."""
+    tail_bytes = index.geometry.slab_bytes if snap.tail_tokens else 0
+    size = index.geometry.image_bytes + tail_bytes + exclusive_path_bytes(index, snap.anchor)
+    base = retained_ancestor_frontier(snap)
+    return priority(index, cost, snap.frontier, base, snap.hits, size, snap.base_l)
+
+
+def estimate_new_priority(
+    index: PrefixIndex, cost: CacheCostModel, frontier: int, previous_frontier: int, tailed: bool
+) -> float:
+    """H of a snapshot about to be published: no hits, the blocks since ``previous_frontier`` its own."""
+    own_blocks = max(frontier // 64 - previous_frontier // 64, 0)
+    size = index.geometry.image_bytes + index.geometry.slab_bytes * (own_blocks + tailed)
+    return priority(index, cost, frontier, previous_frontier, 0, size, index.gdsf_l)
+
+
+def plan_revalue(index: PrefixIndex, snaps: list[Snapshot], cost: CacheCostModel) -> list[ev.CacheEvent]:
+    """One SnapshotsValued for the snapshots (with their ancestors, dependents and path sharers) whose
+    H changed. Pure."""
+    affected: dict[int, Snapshot] = {}
+    for snap in snaps:
+        if index.snapshots.get(snap.id) is not snap:
+            continue
+        affected[snap.id] = snap
+        if snap.ancestor is not None:
+            affected[snap.ancestor.id] = snap.ancestor
+        affected.update(snap.dependents)
+        for sharer in path_sharers(snap.anchor, 2):
+            affected[sharer.id] = sharer
+    ids, values = [], []
+    for sid in sorted(affected):
+        value = value_snapshot(index, affected[sid], cost)
+        if value != affected[sid].gdsf_h:
+            ids.append(sid)
+            values.append(value)
+    return [ev.SnapshotsValued(0, tuple(ids), tuple(values))] if ids else []
+
+
+# ---------------------------------------------------------------------- supersession
+def single_chain_below(anchor: BlockNode) -> bool:
+    """The tree below ``anchor`` never branches (no other conversation continued). Pure."""
+    node = anchor
+    while node.children:
+        children = node.iter_children()
+        if len(children) > 1:
+            return False
+        node = children[0]
+    return True
+
+
+def plan_supersession(
+    index: PrefixIndex, candidates: list[int | None], new_frontier: int
+) -> list[ev.CacheEvent]:
+    """Supersede a lineage's older snapshots before a deeper one is published (§9.3)."""
+    out: list[ev.CacheEvent] = []
+    seen: set[int] = set()
+    for sid in candidates:
+        if sid is None or sid in seen:
+            continue
+        seen.add(sid)
+        snap = index.snapshots.get(sid)  # type: ignore[call-overload]
+        if snap is None or snap.superseded or snap.frontier >= new_frontier:
+            continue
+        if snap.kind == SnapshotKind.BOUNDARY and not single_chain_below(snap.anchor):
+            continue
+        out.append(ev.SnapshotSuperseded(0, snap.id))
+    return out
+
+
+# ---------------------------------------------------------------------- allocation
+def _dead_victim(index: PrefixIndex) -> BlockNode | None:
+    best = None
+    for node in index.dead_nodes.values():
+        if node.device_state == Residency.ABSENT and not subtree_removable(node):
+            continue
+        if best is None or (node.depth, -node.id) > (best.depth, -best.id):
+            best = node
+    return best
+
+
+def _unpinned_host(snap: Snapshot) -> bool:
+    return snap.restore_pins == 0 and snap.host_state == Residency.RESIDENT
+
+
+def plan_host_room(
+    index: PrefixIndex, slabs_needed: int, new_value: float | None
+) -> list[ev.CacheEvent] | None:
+    """One step toward ``slabs_needed`` free slabs: [] when they are free, None when nothing (allowed)
+    can be evicted. ``new_value`` bounds GDSF victims for an image write (None: KV blocks, unbounded).
+    """
+    host = index.host
+    if host is None:
+        return None
+    if host.num_free >= slabs_needed:
+        return []
+    dead = _dead_victim(index)
+    if dead is not None:
+        return [ev.NodeHostDropped(0, dead.id)]
+    superseded = [s for s in index.snapshots.values() if s.superseded and _unpinned_host(s)]
+    if superseded:
+        victim = min(superseded, key=lambda s: (s.superseded_tick, s.id))
+        return [ev.SnapshotDeleted(0, victim.id)]
+    retained = [s for s in index.snapshots.values() if not s.superseded and _unpinned_host(s)]
+    if not retained:
+        return None
+    victim = min(retained, key=lambda s: (s.gdsf_h, s.id))
+    if new_value is not None and victim.gdsf_h > new_value:
+        return None
+    out: list[ev.CacheEvent] = []
+    if victim.gdsf_h > index.gdsf_l:
+        out.append(ev.GdsfInflated(0, victim.gdsf_h))
+    if victim.device_complete:
+        out.append(ev.SnapshotHostDropped(0, victim.id))
+    else:
+        out.append(ev.SnapshotDeleted(0, victim.id))
+    return out

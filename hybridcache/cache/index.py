@@ -1,0 +1,316 @@
+"""PrefixIndex: the block tree, snapshots, device/host ledgers and LRU, mutated only by ``apply``.
+
+``apply(event)`` checks the sequence number, validates the event against the current state, and only
+then changes anything: a rejected event raises ``EventRejected`` and leaves the index (and its digest)
+unchanged. Handlers live in ``index_lanes`` and ``index_snapshots`` (mixins); shared structural helpers
+(LRU / dead-list refresh, subtree and snapshot removal) live here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.digest import state_bytes
+from hybridcache.cache.errors import EventRejected
+from hybridcache.cache.geometry import CacheGeometry
+from hybridcache.cache.hashing import HASH_SEED
+from hybridcache.cache.ids import ROOT_NODE, NodeId, SnapshotId
+from hybridcache.cache.index_lanes import LaneHandlers
+from hybridcache.cache.index_snapshots import SnapshotHandlers
+from hybridcache.cache.ledger import DevicePages, StateSlots
+from hybridcache.cache.lru import DeviceLru
+from hybridcache.cache.records import (
+    BlockNode,
+    HostWriteBatch,
+    Lane,
+    LaneId,
+    LruList,
+    PageOwnerKind,
+    Residency,
+    RestoreBatch,
+    SlabOwnerKind,
+    SlotRole,
+    Snapshot,
+)
+from hybridcache.cache.slab_pool import HostSlabPool
+
+_RESIDENT = Residency.RESIDENT
+_NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
+
+
+class PrefixIndex(LaneHandlers, SnapshotHandlers):
+    """The whole logical cache state. Read freely; mutate only with ``apply``."""
+
+    def __init__(self, geometry: CacheGeometry) -> None:
+        self.geometry = geometry
+        self.seq = 0
+        self.cache_epoch = 0  # bumps on every applied event but Checkpoint; quotes carry it
+        self.gdsf_l = 0.0
+        self.root = BlockNode(ROOT_NODE, None, HASH_SEED, (), 0)
+        self.root.device_state = Residency.RESIDENT
+        self.nodes: dict[NodeId, BlockNode] = {ROOT_NODE: self.root}
+        self.snapshots: dict[SnapshotId, Snapshot] = {}
+        self.snapshot_by_key: dict[tuple[NodeId, tuple[int, ...]], Snapshot] = {}
+        self.root_dependents: dict[SnapshotId, Snapshot] = {}
+        self.next_node_id = 1
+        self.next_snapshot_id = 0
+        self.next_batch_id = 0
+        self.lanes: dict[LaneId, Lane] = {}
+        self.pages = DevicePages(geometry.num_pages)
+        self.slots = StateSlots(geometry.max_concurrency, geometry.device_snapshot_slots)
+        self.lru = DeviceLru()
+        self.dead_nodes: dict[NodeId, BlockNode] = {}
+        self.host: HostSlabPool | None = (
+            HostSlabPool(geometry.slab_bytes, geometry.host_cache_bytes, geometry.chunk_bytes)
+            if geometry.has_host_tier
+            else None
+        )
+        self.slab_owners: dict[int, tuple[SlabOwnerKind, int]] = {}
+        self.restores: dict[int, RestoreBatch] = {}
+        self.host_writes: dict[int, HostWriteBatch] = {}
+        self._handlers = {
+            ev.Checkpoint: self._apply_checkpoint,
+            ev.RestoreOpened: self._apply_restore_opened,
+            ev.RestoreLanded: self._apply_restore_landed,
+            ev.LaneStaged: self._apply_lane_staged,
+            ev.LaneActivated: self._apply_lane_activated,
+            ev.LanePagesGranted: self._apply_pages_granted,
+            ev.LaneReleased: self._apply_lane_released,
+            ev.BlockInserted: self._apply_block_inserted,
+            ev.BlockAdopted: self._apply_block_adopted,
+            ev.BlockDuplicated: self._apply_block_duplicated,
+            ev.DeviceCopiesDropped: self._apply_device_copies_dropped,
+            ev.SubtreeDeleted: self._apply_subtree_deleted,
+            ev.NodeHostDropped: self._apply_node_host_dropped,
+            ev.TapTaken: self._apply_tap_taken,
+            ev.TapDropped: self._apply_tap_dropped,
+            ev.SnapshotPublished: self._apply_snapshot_published,
+            ev.SnapshotHit: self._apply_snapshot_hit,
+            ev.SnapshotSuperseded: self._apply_snapshot_superseded,
+            ev.SnapshotRetained: self._apply_snapshot_retained,
+            ev.SnapshotsValued: self._apply_snapshots_valued,
+            ev.GdsfInflated: self._apply_gdsf_inflated,
+            ev.SnapshotDeviceDropped: self._apply_snapshot_device_dropped,
+            ev.SnapshotHostDropped: self._apply_snapshot_host_dropped,
+            ev.SnapshotDeleted: self._apply_snapshot_deleted,
+            ev.HostWriteOpened: self._apply_host_write_opened,
+            ev.HostWriteLanded: self._apply_host_write_landed,
+        }
+
+    # ------------------------------------------------------------------ the one mutator
+    def apply(self, event: ev.CacheEvent) -> None:
+        """Apply one event. Mutates. Raises EventRejected (index unchanged) when out of sequence or
+        inconsistent with the current state."""
+        if event.seq != self.seq + 1:
+            raise EventRejected(f"{type(event).__name__}: seq {event.seq} but the index is at {self.seq}")
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise EventRejected(f"unknown event type {type(event).__name__}")
+        handler(event)  # validates fully before its first mutation
+        self.seq = event.seq
+        if type(event) is not ev.Checkpoint:
+            self.cache_epoch += 1
+
+    def _apply_checkpoint(self, event: ev.Checkpoint) -> None:
+        if event.digest != self.digest():
+            raise EventRejected(f"Checkpoint at seq {event.seq}: digest differs from the index state")
+
+    # ------------------------------------------------------------------ read helpers
+    @property
+    def tick(self) -> int:
+        return self.seq
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.pages.num_free
+
+    @property
+    def num_evictable_pages(self) -> int:
+        """Device pages the LRU can free: every listed entry owns exactly one page (§6.3)."""
+        return len(self.lru)
+
+    def node(self, node_id: int) -> BlockNode:
+        """The node with this id. Raises EventRejected if absent."""
+        node = self.nodes.get(NodeId(node_id))
+        if node is None:
+            raise EventRejected(f"node {node_id} does not exist")
+        return node
+
+    def snapshot(self, snapshot_id: int) -> Snapshot:
+        snap = self.snapshots.get(SnapshotId(snapshot_id))
+        if snap is None:
+            raise EventRejected(f"snapshot {snapshot_id} does not exist")
+        return snap
+
+    def lane(self, lane_id: int) -> Lane:
+        lane = self.lanes.get(LaneId(lane_id))
+        if lane is None:
+            raise EventRejected(f"lane {lane_id} is not staged")
+        return lane
+
+    def path_to(self, node: BlockNode) -> list[BlockNode]:
+        """Nodes from block 0 to ``node`` (root excluded). Pure."""
+        path: list[BlockNode] = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+    # ------------------------------------------------------------------ derived membership
+    def _refresh_node(self, node: BlockNode) -> None:
+        """Bring ``node``'s LRU and dead-list membership in line with its fields. Mutates."""
+        if node.parent is None:
+            return
+        unpinned = node.active_refs == 0 and node.restore_pins == 0
+        host_resident = node.host_state is _RESIDENT
+        want = _NONE
+        if unpinned and node.device_state is _RESIDENT:
+            want = _BACKED if host_resident else _UNBACKED
+        if node.lru_list is not want:
+            self.lru.remove(node)
+            if want is not _NONE:
+                self.lru.push_mru(node, want)
+        if host_resident and unpinned and node.live_snapshots_below == 0:
+            self.dead_nodes[node.id] = node
+        else:
+            self.dead_nodes.pop(node.id, None)
+
+    def _pin_active(self, node: BlockNode, tick: int) -> None:
+        """active_refs + 1 (a lane maps the node): leaves the LRU and the dead list. Mutates."""
+        refs = node.active_refs = node.active_refs + 1
+        node.last_access_tick = tick
+        if refs == 1 and node.restore_pins == 0:
+            if node.lru_list is not _NONE:
+                self.lru.remove(node)
+            if node.host_state is _RESIDENT:
+                self.dead_nodes.pop(node.id, None)
+
+    def _unpin_active(self, node: BlockNode) -> None:
+        """active_refs - 1; at zero the node rejoins the LRU at the MRU end. Mutates."""
+        node.active_refs -= 1
+        if node.active_refs == 0 and node.restore_pins == 0:
+            self._refresh_node(node)
+
+    def _refresh_tail(self, snap: Snapshot) -> None:
+        want = _NONE
+        if snap.tail_device_state is _RESIDENT and snap.restore_pins == 0:
+            want = _BACKED if snap.tail_host_state is _RESIDENT else _UNBACKED
+        if snap.lru_list is not want:
+            self.lru.remove(snap)
+            if want is not _NONE:
+                self.lru.push_mru(snap, want)
+
+    def _adjust_live_below(self, anchor: BlockNode, delta: int) -> None:
+        """live_snapshots_below += delta from ``anchor`` to the root; only a 0 <-> 1 change can move a
+        node on or off the dead list. Mutates."""
+        node: BlockNode | None = anchor
+        edge = 1 if delta > 0 else 0
+        while node is not None:
+            node.live_snapshots_below += delta
+            if node.live_snapshots_below == edge:
+                self._refresh_node(node)
+            node = node.parent
+
+    # ------------------------------------------------------------------ structural removal
+    def _subtree(self, top: BlockNode) -> list[BlockNode]:
+        out, stack = [], [top]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.iter_children())
+        return out
+
+    def _check_subtree_removable(self, top: BlockNode, what: str) -> list[BlockNode]:
+        if top.parent is None:
+            raise EventRejected(f"{what}: the root is never deleted")
+        nodes = self._subtree(top)
+        for node in nodes:
+            if node.pinned or node.device_state == Residency.FILLING or node.host_state == Residency.FILLING:
+                raise EventRejected(f"{what}: node {node.id} in the subtree of {top.id} is pinned or filling")
+            for snap in node.snapshots:
+                self._check_snapshot_removable(snap, what)
+        return nodes
+
+    def _check_snapshot_removable(self, snap: Snapshot, what: str) -> None:
+        if snap.restore_pins > 0:
+            raise EventRejected(f"{what}: snapshot {snap.id} is pinned by a transfer or an admission")
+        filling = (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
+        if Residency.FILLING in filling:
+            raise EventRejected(f"{what}: snapshot {snap.id} has a copy in flight")
+
+    def _delete_subtree(self, top: BlockNode) -> None:
+        """Remove ``top``, its subtree and their snapshots (§9.4). Mutates; caller validated."""
+        nodes = self._subtree(top)
+        for node in nodes:
+            for snap in list(node.snapshots):
+                self._remove_snapshot(snap)
+        parent = top.parent
+        assert parent is not None
+        bucket = parent.children[top.lookup_hash]
+        bucket.remove(top)
+        if not bucket:
+            del parent.children[top.lookup_hash]
+        for node in nodes:
+            self.lru.remove(node)
+            self.dead_nodes.pop(node.id, None)
+            if node.device_page is not None:
+                self.pages.release(node.device_page)
+            if node.host_slab is not None:
+                self._release_slabs((node.host_slab,))
+            del self.nodes[node.id]
+        self._refresh_node(parent)
+
+    def _remove_snapshot(self, snap: Snapshot) -> None:
+        """Delete a snapshot with every copy it has. Mutates; caller validated."""
+        self.lru.remove(snap)
+        if snap.tail_device_page is not None:
+            self.pages.release(snap.tail_device_page)
+        if snap.tail_host_slab is not None:
+            self._release_slabs((snap.tail_host_slab,))
+        if snap.host_slabs:
+            self._release_slabs(snap.host_slabs)
+        if snap.device_slot is not None:
+            self.slots.set_role(snap.device_slot, SlotRole.FREE, None)
+        snap.anchor.snapshots.remove(snap)
+        del self.snapshot_by_key[(snap.anchor.id, snap.tail_tokens)]
+        del self.snapshots[snap.id]
+        self._unlink_ancestry(snap)
+        self._adjust_live_below(snap.anchor, -1)
+
+    def _take_slabs(self, slabs: tuple[int, ...], kind: SlabOwnerKind, owner: int) -> None:
+        assert self.host is not None
+        self.host.take(list(slabs))
+        for slab in slabs:
+            self.slab_owners[slab] = (kind, owner)
+
+    def _release_slabs(self, slabs: tuple[int, ...]) -> None:
+        assert self.host is not None
+        self.host.release(list(slabs))
+        for slab in slabs:
+            del self.slab_owners[slab]
+
+    def _check_free_slabs(self, slabs: tuple[int, ...], what: str) -> None:
+        if self.host is None:
+            raise EventRejected(f"{what}: there is no host tier")
+        if len(set(slabs)) != len(slabs):
+            raise EventRejected(f"{what}: a slab is named twice")
+        for slab in slabs:
+            if slab < 0 or slab >= self.host.num_slabs or not self.host.is_free(slab):
+                raise EventRejected(f"{what}: slab {slab} is not free")
+
+    def _check_free_pages(self, pages: tuple[int, ...], what: str) -> None:
+        if len(set(pages)) != len(pages):
+            raise EventRejected(f"{what}: a page is named twice")
+        for page in pages:
+            if not self.pages.is_free(page):
+                raise EventRejected(f"{what}: page {page} is not free")
+
+    # ------------------------------------------------------------------ digest
+    def digest(self) -> int:
+        """A stable 64-bit hash of the full logical state (replay checks). Pure."""
+        return int.from_bytes(hashlib.blake2b(state_bytes(self), digest_size=8).digest(), "little")
+
+
+__all__ = ["EventRejected", "PageOwnerKind", "PrefixIndex"]

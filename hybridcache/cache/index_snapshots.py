@@ -1,0 +1,252 @@
+"""apply() handlers for taps and snapshots, and the ancestor/dependents links of §9.3.
+
+Each handler validates everything first (raising EventRejected) and mutates only afterwards. Mixed into
+``PrefixIndex``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.errors import EventRejected
+from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId, SnapshotId
+from hybridcache.cache.records import (
+    BlockNode,
+    PageOwnerKind,
+    PendingTap,
+    Residency,
+    SlotRole,
+    Snapshot,
+    SnapshotKind,
+)
+
+if TYPE_CHECKING:
+    from hybridcache.cache.index import PrefixIndex
+
+    _Base = PrefixIndex
+else:
+    _Base = object
+
+
+_KINDS = frozenset(int(kind) for kind in SnapshotKind)
+
+
+def _is_prefix(short: tuple[int, ...], long: tuple[int, ...]) -> bool:
+    return len(short) <= len(long) and long[: len(short)] == short
+
+
+class SnapshotHandlers(_Base):
+    # ------------------------------------------------------------------ taps (§7.4)
+    def _apply_tap_taken(self, e: ev.TapTaken) -> None:
+        lane = self.lane(e.lane)
+        if not lane.enabled or not lane.activated:
+            raise EventRejected(f"TapTaken: lane {e.lane} is disabled or not active")
+        if e.position in lane.pending_taps or e.position <= 0:
+            raise EventRejected(f"TapTaken: position {e.position} is invalid or already pending")
+        if not 0 <= e.slot < len(self.slots.roles) or self.slots.roles[e.slot] != SlotRole.FREE:
+            raise EventRejected(f"TapTaken: slot {e.slot} is not free")
+        if not self.slots.can_add_snapshot_class():
+            raise EventRejected("TapTaken: every snapshot slot is in use")
+        self.slots.set_role(e.slot, SlotRole.STAGING, e.lane)
+        lane.pending_taps[e.position] = PendingTap(e.position, SlotId(e.slot), e.boundary)
+
+    def _apply_tap_dropped(self, e: ev.TapDropped) -> None:
+        lane = self.lane(e.lane)
+        tap = lane.pending_taps.get(e.position)
+        if tap is None:
+            raise EventRejected(f"TapDropped: lane {e.lane} has no pending tap at {e.position}")
+        self.slots.set_role(tap.slot, SlotRole.FREE, None)
+        del lane.pending_taps[e.position]
+
+    # ------------------------------------------------------------------ publication
+    def _apply_snapshot_published(self, e: ev.SnapshotPublished) -> None:
+        lane = self.lane(e.lane)
+        if not lane.enabled:
+            raise EventRejected(f"SnapshotPublished: lane {e.lane} is disabled (no prefix reuse)")
+        if e.snapshot < 0 or SnapshotId(e.snapshot) in self.snapshots:
+            raise EventRejected(f"SnapshotPublished: snapshot id {e.snapshot} is in use")
+        if e.kind not in _KINDS:
+            raise EventRejected(f"SnapshotPublished: unknown kind {e.kind}")
+        anchor = self.node(e.anchor)
+        on_path = anchor is self.root or (anchor.depth < len(lane.path) and lane.path[anchor.depth] is anchor)
+        if not on_path:
+            raise EventRejected(f"SnapshotPublished: anchor {e.anchor} is not on lane {e.lane}'s path")
+        tail = tuple(e.tail_tokens)
+        if len(tail) >= BLOCK_TOKENS:
+            raise EventRejected("SnapshotPublished: a tail holds fewer than 64 tokens")
+        if (anchor.id, tail) in self.snapshot_by_key:
+            raise EventRejected("SnapshotPublished: a snapshot with this anchor and tail exists")
+        frontier = BLOCK_TOKENS * (anchor.depth + 1) + len(tail)
+        tail_moves = self._check_tail_page(e, lane, tail)
+        if e.position is None:
+            if lane.slot is None:
+                raise EventRejected(f"SnapshotPublished: lane {e.lane} has no active image left")
+            if not self.slots.can_add_snapshot_class():
+                raise EventRejected("SnapshotPublished: every snapshot slot is in use")
+            slot = lane.slot
+        else:
+            tap = lane.pending_taps.get(e.position)
+            if tap is None or e.position != frontier:
+                raise EventRejected(f"SnapshotPublished: no pending tap of lane {e.lane} at {frontier}")
+            slot = tap.slot
+        snap = Snapshot(SnapshotId(e.snapshot), anchor, tail, SnapshotKind(e.kind))
+        self.next_snapshot_id = max(self.next_snapshot_id, e.snapshot + 1)
+        if e.position is None:
+            lane.slot = None
+        else:
+            del lane.pending_taps[e.position]
+            lane.lineage = snap.id
+        self.slots.set_role(slot, SlotRole.SNAPSHOT, snap.id)
+        snap.device_slot = slot
+        snap.device_state = Residency.RESIDENT
+        if e.tail_page is not None:
+            page = PageId(e.tail_page)
+            if tail_moves:
+                del lane.private[page]
+                self.pages.transfer(page, PageOwnerKind.TAIL, snap.id)
+            else:
+                self.pages.assign(page, PageOwnerKind.TAIL, snap.id)
+            snap.tail_device_page = page
+            snap.tail_device_state = Residency.RESIDENT
+        snap.published_tick = snap.last_hit_tick = e.seq
+        snap.base_l = self.gdsf_l
+        snap.gdsf_h = e.gdsf_h
+        anchor.snapshots.append(snap)
+        self.snapshots[snap.id] = snap
+        self.snapshot_by_key[(anchor.id, tail)] = snap
+        self._link_ancestry(snap)
+        self._adjust_live_below(anchor, +1)
+        self._refresh_tail(snap)
+
+    def _check_tail_page(self, e: ev.SnapshotPublished, lane, tail: tuple[int, ...]) -> bool:
+        """Validate the tail page; True when it is a lane page that moves (no copy)."""
+        if not tail:
+            if e.tail_page is not None:
+                raise EventRejected("SnapshotPublished: a snapshot without tail tokens has no tail page")
+            return False
+        if e.tail_page is None:
+            raise EventRejected("SnapshotPublished: a tailed snapshot needs a tail page")
+        if PageId(e.tail_page) in lane.private:
+            return True
+        if not self.pages.is_free(e.tail_page):
+            raise EventRejected(f"SnapshotPublished: tail page {e.tail_page} is neither private nor free")
+        return False
+
+    # ------------------------------------------------------------------ retention and value (§9.3)
+    def _apply_snapshot_hit(self, e: ev.SnapshotHit) -> None:
+        snap = self.snapshot(e.snapshot)
+        snap.hits += 1
+        snap.base_l = self.gdsf_l
+        snap.last_hit_tick = e.seq
+
+    def _apply_snapshot_superseded(self, e: ev.SnapshotSuperseded) -> None:
+        snap = self.snapshot(e.snapshot)
+        if snap.superseded:
+            raise EventRejected(f"SnapshotSuperseded: snapshot {e.snapshot} is already superseded")
+        snap.superseded = True
+        snap.superseded_tick = e.seq
+
+    def _apply_snapshot_retained(self, e: ev.SnapshotRetained) -> None:
+        snap = self.snapshot(e.snapshot)
+        if not snap.superseded:
+            raise EventRejected(f"SnapshotRetained: snapshot {e.snapshot} is not superseded")
+        snap.superseded = False
+        snap.superseded_tick = 0
+
+    def _apply_snapshots_valued(self, e: ev.SnapshotsValued) -> None:
+        if len(e.snapshots) != len(e.values):
+            raise EventRejected("SnapshotsValued: one value per snapshot")
+        snaps = [self.snapshot(s) for s in e.snapshots]
+        for snap, value in zip(snaps, e.values):
+            snap.gdsf_h = value
+
+    def _apply_gdsf_inflated(self, e: ev.GdsfInflated) -> None:
+        if e.inflation < self.gdsf_l:
+            raise EventRejected(f"GdsfInflated: L would fall from {self.gdsf_l} to {e.inflation}")
+        self.gdsf_l = e.inflation
+
+    # ------------------------------------------------------------------ dropping copies
+    def _apply_snapshot_device_dropped(self, e: ev.SnapshotDeviceDropped) -> None:
+        snap = self.snapshot(e.snapshot)
+        if snap.device_state != Residency.RESIDENT or snap.host_state != Residency.RESIDENT:
+            raise EventRejected(f"SnapshotDeviceDropped: snapshot {e.snapshot} has no host image to keep")
+        if snap.restore_pins > 0:
+            raise EventRejected(f"SnapshotDeviceDropped: snapshot {e.snapshot} is pinned")
+        assert snap.device_slot is not None
+        self.slots.set_role(snap.device_slot, SlotRole.FREE, None)
+        snap.device_slot = None
+        snap.device_state = Residency.ABSENT
+
+    def _apply_snapshot_host_dropped(self, e: ev.SnapshotHostDropped) -> None:
+        snap = self.snapshot(e.snapshot)
+        if snap.host_state != Residency.RESIDENT or not snap.device_complete:
+            raise EventRejected(f"SnapshotHostDropped: snapshot {e.snapshot} is not complete on the device")
+        if snap.restore_pins > 0:
+            raise EventRejected(f"SnapshotHostDropped: snapshot {e.snapshot} is pinned")
+        self._release_slabs(snap.host_slabs)
+        snap.host_slabs = ()
+        snap.host_state = Residency.ABSENT
+        if snap.tail_host_slab is not None:
+            self._release_slabs((snap.tail_host_slab,))
+            snap.tail_host_slab = None
+            snap.tail_host_state = Residency.ABSENT
+        self._refresh_tail(snap)
+
+    def _apply_snapshot_deleted(self, e: ev.SnapshotDeleted) -> None:
+        snap = self.snapshot(e.snapshot)
+        self._check_snapshot_removable(snap, "SnapshotDeleted")
+        self._remove_snapshot(snap)
+
+    # ------------------------------------------------------------------ ancestry (§9.3)
+    def is_above(self, upper: Snapshot, lower: Snapshot) -> bool:
+        """True when ``upper`` lies on ``lower``'s path strictly before it. Pure."""
+        if upper.frontier >= lower.frontier or upper.anchor.depth > lower.anchor.depth:
+            return False
+        if upper.anchor is lower.anchor:
+            return _is_prefix(upper.tail_tokens, lower.tail_tokens)
+        node: BlockNode = lower.anchor
+        while node.depth > upper.anchor.depth + 1:
+            assert node.parent is not None
+            node = node.parent
+        return node.parent is upper.anchor and _is_prefix(upper.tail_tokens, node.tokens)
+
+    def find_ancestor(self, snap: Snapshot) -> Snapshot | None:
+        """The nearest snapshot above ``snap`` on its path (any retention state). Pure."""
+        node: BlockNode | None = snap.anchor
+        following = snap.tail_tokens
+        while node is not None:
+            best = None
+            for other in node.snapshots:
+                if other is snap or other.frontier >= snap.frontier:
+                    continue
+                if _is_prefix(other.tail_tokens, following) and (
+                    best is None or other.frontier > best.frontier
+                ):
+                    best = other
+            if best is not None:
+                return best
+            following = node.tokens
+            node = node.parent
+        return None
+
+    def _link_ancestry(self, snap: Snapshot) -> None:
+        ancestor = self.find_ancestor(snap)
+        pool = self.root_dependents if ancestor is None else ancestor.dependents
+        snap.ancestor = ancestor
+        for dependent in list(pool.values()):
+            if self.is_above(snap, dependent):
+                del pool[dependent.id]
+                dependent.ancestor = snap
+                snap.dependents[dependent.id] = dependent
+        pool[snap.id] = snap
+
+    def _unlink_ancestry(self, snap: Snapshot) -> None:
+        ancestor = snap.ancestor
+        pool = self.root_dependents if ancestor is None else ancestor.dependents
+        del pool[snap.id]
+        for dependent in snap.dependents.values():
+            dependent.ancestor = ancestor
+            pool[dependent.id] = dependent
+        snap.dependents = {}
+        snap.ancestor = None

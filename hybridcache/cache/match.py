@@ -1,0 +1,286 @@
+"""Admission arithmetic: lookup (§6.1), choice (§6.2) and capacity (§6.3). Pure: reads the index only.
+
+``quote`` runs all three and returns a frozen ``Quote`` that carries the index's ``cache_epoch``, so a
+stale quote is detectable before staging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import TYPE_CHECKING, NamedTuple
+
+import msgspec
+
+from hybridcache.cache.cost_model import CacheCostModel
+from hybridcache.cache.ids import BLOCK_TOKENS, NodeId, SnapshotId
+from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot
+
+if TYPE_CHECKING:
+    from hybridcache.cache.index import PrefixIndex
+
+
+class Readiness(IntEnum):
+    READY = 0
+    TEMPORARILY_BLOCKED = 1
+    PERMANENTLY_INFEASIBLE = 2
+
+
+class SourceKind(IntEnum):
+    ROOT = 0
+    DEVICE = 1  # path, tail and image all on the device
+    HOST = 2  # something restores from host slabs
+
+
+class PromptInput(msgspec.Struct, frozen=True):
+    """What admission needs of a prepared prompt. ``block_hashes`` covers every full block (§5.1).
+
+    Mutating ``tokens`` after quoting is not supported; ``token_bytes`` (optional) must pack them.
+    """
+
+    tokens: Sequence[int]
+    block_hashes: Sequence[int]
+    extras: Sequence[int] | None = None  # media key per full block; None = all 0
+    media_spans: Sequence[tuple[int, int]] = ()  # (begin, length) of Vision token spans
+    output_tokens: int = 0  # bounded output window + per-lane cushion, in tokens
+    enabled: bool = True  # False: no prefix reuse (warmup, --no-prefix-reuse)
+    token_bytes: bytes | None = None  # optional: tokens packed as uint32 LE (records.pack_tokens); faster
+
+
+class Match(NamedTuple):
+    """The matched path (k full blocks) and the valid candidate snapshots on it, shallow first."""
+
+    path: list[BlockNode]
+    candidates: list[Snapshot]
+
+
+class SourceOption(NamedTuple):
+    snapshot: Snapshot | None
+    frontier: int
+    host_bytes: int
+    seconds: float
+    host_only_nodes: list[BlockNode]
+    tail_restore: bool
+    image_restore: bool
+    need_pages: int
+    pinned_evictable: int  # this admission's own LRU entries, not available to it
+
+
+class Quote(msgspec.Struct, frozen=True):
+    """The selected source, exact at ``cache_epoch``. ``reuse_tokens`` is the frontier resumed from."""
+
+    readiness: Readiness
+    source_kind: SourceKind
+    snapshot: SnapshotId | None
+    reuse_tokens: int
+    cached_prefix_tokens: int
+    path: tuple[NodeId, ...]  # nodes the lane maps (blocks below reuse_tokens)
+    host_only_nodes: tuple[NodeId, ...]
+    tail_restore: bool
+    image_restore: bool
+    restored_host_bytes: int
+    need_pages: int
+    private_pages: int
+    prompt_tokens: int
+    enabled: bool
+    cache_epoch: int
+    seq: int
+
+
+def _frontier_in_media(frontier: int, spans: Sequence[tuple[int, int]]) -> bool:
+    return any(begin < frontier < begin + length for begin, length in spans)
+
+
+def match(index: PrefixIndex, prompt: PromptInput) -> Match:
+    """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1. Pure.
+
+    With ``prompt.token_bytes`` the walk compares packed bytes (it must pack exactly ``prompt.tokens``);
+    without it, token tuples. Either way tokens and extra keys decide, never the hash.
+    """
+    tokens = prompt.tokens
+    hashes, extras = prompt.block_hashes, prompt.extras
+    n = len(tokens)
+    limit = min(len(hashes), (n - 1) // BLOCK_TOKENS) if n > 0 else 0
+    packed = prompt.token_bytes
+    if packed is not None:
+        if len(packed) != 4 * n:
+            raise ValueError(f"token_bytes holds {len(packed)} bytes for {n} tokens")
+        path = _walk_bytes(index.root, packed, hashes, extras, limit)
+    else:
+        as_tuple = tokens if isinstance(tokens, tuple) else tuple(tokens)
+        path = _walk_tokens(index.root, as_tuple, hashes, extras, limit)
+    candidates: list[Snapshot] = []
+    for anchor in (index.root, *path):
+        for snap in anchor.snapshots:
+            frontier = snap.frontier
+            if frontier > n - 1:
+                continue
+            tail = snap.tail_tokens
+            if tail and tuple(tokens[frontier - len(tail) : frontier]) != tail:
+                continue
+            if prompt.media_spans and _frontier_in_media(frontier, prompt.media_spans):
+                continue
+            candidates.append(snap)
+    return Match(path, candidates)
+
+
+def _walk_tokens(
+    node: BlockNode, tokens: tuple[int, ...], hashes: Sequence[int], extras: Sequence[int] | None, limit: int
+) -> list[BlockNode]:
+    path: list[BlockNode] = []
+    start = 0
+    for block in range(limit):
+        bucket = node.children.get(hashes[block])
+        if bucket is None:
+            break
+        wanted = tokens[start : start + BLOCK_TOKENS]
+        extra = 0 if extras is None else extras[block]
+        for child in bucket:
+            if child.tokens == wanted and child.extra == extra:
+                break
+        else:
+            break
+        node = child
+        path.append(child)
+        start += BLOCK_TOKENS
+    return path
+
+
+def _walk_bytes(
+    node: BlockNode, packed: bytes, hashes: Sequence[int], extras: Sequence[int] | None, limit: int
+) -> list[BlockNode]:
+    """The same exact walk comparing 256-byte packed blocks (a bytes slice is one memcpy)."""
+    path: list[BlockNode] = []
+    start = 0
+    width = 4 * BLOCK_TOKENS
+    for block in range(limit):
+        bucket = node.children.get(hashes[block])
+        if bucket is None:
+            break
+        wanted = packed[start : start + width]
+        extra = 0 if extras is None else extras[block]
+        for child in bucket:
+            if child.token_bytes == wanted and child.extra == extra:
+                break
+        else:
+            break
+        node = child
+        path.append(child)
+        start += width
+    return path
+
+
+def private_pages_for(prompt_tokens: int, output_tokens: int, frontier: int) -> int:
+    """Pages the lane owns privately: every block from floor(F/64) to the end of its entitlement."""
+    total_blocks = -(-(prompt_tokens + output_tokens) // BLOCK_TOKENS)
+    return max(total_blocks - frontier // BLOCK_TOKENS, 1)
+
+
+def _option(
+    index: PrefixIndex,
+    path: list[BlockNode],
+    snap: Snapshot | None,
+    prompt: PromptInput,
+    cost: CacheCostModel,
+) -> SourceOption | None:
+    """Cost and page need of resuming from ``snap`` (None = root); None when it is being filled."""
+    geometry = index.geometry
+    n = len(prompt.tokens)
+    frontier = 0 if snap is None else snap.frontier
+    mapped = path[: frontier // BLOCK_TOKENS]
+    host_only: list[BlockNode] = []
+    pinned_evictable = 0
+    for node in mapped:
+        if node.device_state == Residency.FILLING:
+            return None
+        if node.device_state == Residency.ABSENT:
+            host_only.append(node)
+        elif node.lru_list != LruList.NONE:
+            pinned_evictable += 1
+    tail_restore = image_restore = False
+    if snap is not None:
+        if snap.tail_device_state == Residency.FILLING:
+            return None
+        tail_restore = bool(snap.tail_tokens) and snap.tail_device_state == Residency.ABSENT
+        image_restore = snap.device_state != Residency.RESIDENT
+        if snap.lru_list != LruList.NONE:
+            pinned_evictable += 1
+    host_bytes = geometry.page_bytes * (len(host_only) + tail_restore) + geometry.image_bytes * image_restore
+    seconds = cost.restore_seconds(host_bytes) + cost.prefill_seconds(frontier, n - frontier)
+    private = private_pages_for(n, prompt.output_tokens, frontier)
+    need = len(host_only) + tail_restore + private
+    return SourceOption(
+        snap, frontier, host_bytes, seconds, host_only, tail_restore, image_restore, need, pinned_evictable
+    )
+
+
+def source_options(
+    index: PrefixIndex, found: Match, prompt: PromptInput, cost: CacheCostModel
+) -> tuple[SourceOption, list[SourceOption]]:
+    """§6.2: (cheapest option, fallback order [cheapest, s_dev, root] without repeats). Pure."""
+    root = _option(index, found.path, None, prompt, cost)
+    assert root is not None
+    deepest = device = None
+    for snap in reversed(found.candidates):
+        option = _option(index, found.path, snap, prompt, cost)
+        if option is None:
+            continue
+        if deepest is None or option.frontier > deepest.frontier:
+            deepest = option
+        fully_device = option.host_bytes == 0
+        if fully_device and (device is None or option.frontier > device.frontier):
+            device = option
+    options = [o for o in (root, deepest, device) if o is not None]
+    best = min(options, key=lambda o: (o.seconds, o.host_bytes, -o.frontier))
+    order = [best]
+    for fallback in (device, root):
+        if fallback is not None and all(fallback.snapshot is not o.snapshot for o in order):
+            order.append(fallback)
+    return best, order
+
+
+def fits(index: PrefixIndex, option: SourceOption) -> bool:
+    """Whether ``option``'s pages fit now: free + evictable, less this admission's own LRU entries."""
+    available = index.num_free_pages + index.num_evictable_pages - option.pinned_evictable
+    return option.need_pages <= available
+
+
+def quote(index: PrefixIndex, prompt: PromptInput, cost: CacheCostModel) -> Quote:
+    """§6.1–§6.3 in one pure call: the source to stage, or why the request waits or cannot run."""
+    if prompt.enabled:
+        found = match(index, prompt)
+    else:
+        found = Match([], [])
+    _best, order = source_options(index, found, prompt, cost)
+    slot_free = index.slots.can_add_active() and index.slots.peek_free() is not None
+    chosen = next((o for o in order if fits(index, o)), None) if slot_free else None
+    if chosen is None:
+        root = next(o for o in order if o.snapshot is None)
+        infeasible = root.need_pages > index.geometry.num_pages
+        readiness = Readiness.PERMANENTLY_INFEASIBLE if infeasible else Readiness.TEMPORARILY_BLOCKED
+        chosen = root
+    else:
+        readiness = Readiness.READY
+    snap = chosen.snapshot
+    if snap is None:
+        kind = SourceKind.ROOT
+    else:
+        kind = SourceKind.HOST if chosen.host_bytes else SourceKind.DEVICE
+    return Quote(
+        readiness=readiness,
+        source_kind=kind,
+        snapshot=None if snap is None else snap.id,
+        reuse_tokens=chosen.frontier,
+        cached_prefix_tokens=BLOCK_TOKENS * len(found.path),
+        path=tuple(n.id for n in found.path[: chosen.frontier // BLOCK_TOKENS]),
+        host_only_nodes=tuple(n.id for n in chosen.host_only_nodes),
+        tail_restore=chosen.tail_restore,
+        image_restore=chosen.image_restore,
+        restored_host_bytes=chosen.host_bytes,
+        need_pages=chosen.need_pages,
+        private_pages=private_pages_for(len(prompt.tokens), prompt.output_tokens, chosen.frontier),
+        prompt_tokens=len(prompt.tokens),
+        enabled=prompt.enabled,
+        cache_epoch=index.cache_epoch,
+        seq=index.seq,
+    )

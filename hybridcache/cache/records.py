@@ -1,0 +1,299 @@
+"""Records held by the prefix index: block nodes, snapshots, lanes, and their enums (spec §5.2, §5.3).
+
+Records are plain ``__slots__`` classes mutated only by ``PrefixIndex.apply``. Everything derived
+(``active_refs``, ``restore_pins``, ``live_snapshots_below``, LRU and dead-list membership) is declared
+here with the invariant that ``check_integrity`` rebuilds it from.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import NewType
+
+from hybridcache.cache.ids import NodeId, PageId, SlabId, SlotId, SnapshotId
+
+LaneId = NewType("LaneId", int)
+"""An active sequence: chosen by the engine (0 .. max_concurrency-1 is typical, any int works)."""
+
+RestoreBatchId = NewType("RestoreBatchId", int)
+HostWriteBatchId = NewType("HostWriteBatchId", int)
+
+
+def pack_tokens(tokens: Sequence[int]) -> bytes:
+    """Tokens as packed little-endian uint32, the layout ``hashing`` hashes. Pure."""
+    packed = array("I", tokens)
+    if sys.byteorder == "big":  # pragma: no cover - little-endian everywhere we run
+        packed.byteswap()
+    return packed.tobytes()
+
+
+class Residency(IntEnum):
+    """One copy (device or host) of a node, tail or image."""
+
+    ABSENT = 0
+    RESIDENT = 1
+    FILLING = 2  # a transfer is writing it; readers wait, nobody frees it
+
+
+class SnapshotKind(IntEnum):
+    TAP = 0
+    ENDPOINT = 1
+    OUTPUT_BOUNDARY = 2
+    BOUNDARY = 3  # explicit / structural tap: superseded only while the tree below it is one chain
+
+
+class LruList(IntEnum):
+    """Which device LRU list an entry is on (§9.1): host-backed entries are consumed first."""
+
+    NONE = 0
+    BACKED = 1
+    UNBACKED = 2
+
+
+class SlotRole(IntEnum):
+    FREE = 0
+    ACTIVE = 1  # a lane's working state image
+    SNAPSHOT = 2  # a published snapshot's device image
+    STAGING = 3  # a lane's pending tap (copied, not yet published)
+
+
+class PageOwnerKind(IntEnum):
+    LANE = 1  # Active: private to one lane
+    NODE = 2  # Cached (or Filling) copy of a block node
+    TAIL = 3  # Cached (or Filling) copy of a snapshot's partial tail page
+
+
+class SlabOwnerKind(IntEnum):
+    NODE = 1
+    IMAGE = 2
+    TAIL = 3
+
+
+class LruLinks:
+    """Intrusive doubly linked list membership shared by nodes and snapshot tails (§9.1)."""
+
+    __slots__ = ("lru_list", "lru_next", "lru_prev")
+
+    def __init__(self) -> None:
+        self.lru_prev: LruLinks | None = None
+        self.lru_next: LruLinks | None = None
+        self.lru_list = LruList.NONE
+
+
+class BlockNode(LruLinks):
+    """One 64-token block of the tree (§5.2). Identity fields never change after insertion.
+
+    Invariants: ``lru_list != NONE`` iff device RESIDENT, active_refs == 0, restore_pins == 0 (and not
+    root); ``live_snapshots_below`` counts snapshots whose anchor is this node or a descendant.
+    """
+
+    __slots__ = (
+        "active_refs",
+        "children",
+        "depth",
+        "device_page",
+        "device_state",
+        "extra",
+        "host_slab",
+        "host_state",
+        "id",
+        "last_access_tick",
+        "live_snapshots_below",
+        "lookup_hash",
+        "parent",
+        "restore_pins",
+        "snapshots",
+        "token_bytes",
+        "tokens",
+    )
+
+    def __init__(
+        self, node_id: NodeId, parent: BlockNode | None, lookup_hash: int, tokens: tuple[int, ...], extra: int
+    ) -> None:
+        super().__init__()
+        self.id = node_id
+        self.parent = parent
+        self.depth = -1 if parent is None else parent.depth + 1  # block index; root is -1
+        self.lookup_hash = lookup_hash
+        self.tokens = tokens
+        self.token_bytes = pack_tokens(tokens)  # uint32 little-endian, for byte-wise match (§6.1)
+        self.extra = extra
+        self.children: dict[int, list[BlockNode]] = {}  # lookup_hash -> children (collisions listed)
+        self.device_page: PageId | None = None
+        self.host_slab: SlabId | None = None
+        self.device_state = Residency.ABSENT
+        self.host_state = Residency.ABSENT
+        self.active_refs = 0
+        self.restore_pins = 0
+        self.live_snapshots_below = 0
+        self.last_access_tick = 0
+        self.snapshots: list[Snapshot] = []  # anchored here, in publication order
+
+    def child(self, lookup_hash: int, tokens: tuple[int, ...], extra: int) -> BlockNode | None:
+        """The child with exactly these tokens and extra key; the hash only selects candidates."""
+        for candidate in self.children.get(lookup_hash, ()):
+            if candidate.tokens == tokens and candidate.extra == extra:
+                return candidate
+        return None
+
+    def iter_children(self) -> list[BlockNode]:
+        return [child for bucket in self.children.values() for child in bucket]
+
+    @property
+    def pinned(self) -> bool:
+        return self.active_refs > 0 or self.restore_pins > 0
+
+
+class Snapshot(LruLinks):
+    """A recurrent-state snapshot at frontier F on its anchor's path, with an optional tail (§5.3).
+
+    The LRU links hold the snapshot's *tail page* on the device LRU (present iff tail device RESIDENT
+    and restore_pins == 0). ``ancestor`` is the nearest snapshot above it on its path; ``dependents``
+    the snapshots that record it as theirs (§9.3).
+    """
+
+    __slots__ = (
+        "ancestor",
+        "anchor",
+        "base_l",
+        "dependents",
+        "device_slot",
+        "device_state",
+        "frontier",
+        "gdsf_h",
+        "hits",
+        "host_slabs",
+        "host_state",
+        "id",
+        "kind",
+        "last_hit_tick",
+        "published_tick",
+        "restore_pins",
+        "superseded",
+        "superseded_tick",
+        "tail_device_page",
+        "tail_device_state",
+        "tail_host_slab",
+        "tail_host_state",
+        "tail_tokens",
+    )
+
+    def __init__(
+        self, snapshot_id: SnapshotId, anchor: BlockNode, tail_tokens: tuple[int, ...], kind: SnapshotKind
+    ) -> None:
+        super().__init__()
+        self.id = snapshot_id
+        self.anchor = anchor
+        self.tail_tokens = tail_tokens
+        self.frontier = 64 * (anchor.depth + 1) + len(tail_tokens)
+        self.kind = kind
+        self.tail_device_page: PageId | None = None
+        self.tail_host_slab: SlabId | None = None
+        self.tail_device_state = Residency.ABSENT
+        self.tail_host_state = Residency.ABSENT
+        self.device_slot: SlotId | None = None
+        self.host_slabs: tuple[SlabId, ...] = ()
+        self.device_state = Residency.ABSENT
+        self.host_state = Residency.ABSENT
+        self.restore_pins = 0
+        self.superseded = False
+        self.superseded_tick = 0
+        self.gdsf_h = 0.0
+        self.base_l = 0.0
+        self.hits = 0
+        self.last_hit_tick = 0
+        self.published_tick = 0
+        self.ancestor: Snapshot | None = None
+        self.dependents: dict[SnapshotId, Snapshot] = {}
+
+    @property
+    def has_tail(self) -> bool:
+        return bool(self.tail_tokens)
+
+    @property
+    def device_complete(self) -> bool:
+        """Image in a device slot and tail (if any) device resident: restorable without the host."""
+        tail_ok = not self.tail_tokens or self.tail_device_state == Residency.RESIDENT
+        return self.device_state == Residency.RESIDENT and tail_ok
+
+    @property
+    def host_complete(self) -> bool:
+        tail_ok = not self.tail_tokens or self.tail_host_state == Residency.RESIDENT
+        return self.host_state == Residency.RESIDENT and tail_ok
+
+
+class PendingTap:
+    """A tap copied into a staging slot, waiting for its anchor blocks to commit (§7.4)."""
+
+    __slots__ = ("boundary", "position", "slot")
+
+    def __init__(self, position: int, slot: SlotId, boundary: bool) -> None:
+        self.position = position
+        self.slot = slot
+        self.boundary = boundary
+
+
+class Lane:
+    """An active sequence: its pinned path, its block table, private pages and state slot.
+
+    ``path[b]`` is the node the lane pins for block b (active_refs); ``table[b]`` the page the lane
+    maps for block b: the node's page, or a private page (recomputed region, Duplicate, growth).
+    """
+
+    __slots__ = (
+        "activated",
+        "base",
+        "enabled",
+        "id",
+        "lineage",
+        "path",
+        "pending_taps",
+        "private",
+        "resumed_from",
+        "slot",
+        "source",
+        "table",
+    )
+
+    def __init__(self, lane_id: LaneId, enabled: bool, slot: SlotId, base: int) -> None:
+        self.id = lane_id
+        self.enabled = enabled
+        self.slot: SlotId | None = slot
+        self.base = base  # F_s the lane resumed from
+        self.path: list[BlockNode] = []
+        self.table: list[PageId] = []
+        self.private: dict[PageId, None] = {}  # ordered set of Active pages
+        self.source: Snapshot | None = None  # pinned until activation
+        self.resumed_from: SnapshotId | None = None  # the snapshot staged from (may be gone since)
+        self.lineage: SnapshotId | None = None  # previous tap published by this lane in this prompt
+        self.pending_taps: dict[int, PendingTap] = {}
+        self.activated = False
+
+
+class RestoreBatch:
+    """Host -> device copies for one admission: nodes, a tail, an image into the lane's slot (§6.4)."""
+
+    __slots__ = ("image", "lane", "nodes", "snapshot", "tail")
+
+    def __init__(
+        self, lane: LaneId | None, nodes: list[BlockNode], snapshot: Snapshot | None, tail: bool, image: bool
+    ) -> None:
+        self.lane = lane
+        self.nodes = nodes
+        self.snapshot = snapshot
+        self.tail = tail
+        self.image = image
+
+
+class HostWriteBatch:
+    """Device -> host write-through of nodes, snapshot images and tails (§7.6, §7.4)."""
+
+    __slots__ = ("images", "nodes", "tails")
+
+    def __init__(self, nodes: list[BlockNode], images: list[Snapshot], tails: list[Snapshot]) -> None:
+        self.nodes = nodes
+        self.images = images
+        self.tails = tails

@@ -1,0 +1,53 @@
+"""Device snapshot slot admission (§9.2). Pure: reads the index, returns events (seq 0).
+
+Order: a free slot; a superseded owner's slot (oldest supersession first; it keeps its host copy or is
+deleted); the lowest-H device-only owner, only when the new snapshot is worth at least as much (L rises
+to the victim's H); the least recently hit host-backed owner's device copy. Otherwise skip.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.records import Residency, Snapshot
+
+if TYPE_CHECKING:
+    from hybridcache.cache.index import PrefixIndex
+
+
+def _evictable_slot_owner(snap: Snapshot) -> bool:
+    return snap.device_state == Residency.RESIDENT and snap.restore_pins == 0
+
+
+def plan_snapshot_slot(
+    index: PrefixIndex, new_value: float, needs_free_slot: bool
+) -> list[ev.CacheEvent] | None:
+    """Events that make room for one more snapshot-class slot; [] if room exists, None to skip.
+
+    ``needs_free_slot``: a tap needs a FREE slot to copy into; an endpoint only a role change within D.
+    """
+    room = index.slots.can_add_snapshot_class()
+    if room and (not needs_free_slot or index.slots.peek_free() is not None):
+        return []
+    owners = [s for s in index.snapshots.values() if _evictable_slot_owner(s)]
+    superseded = [s for s in owners if s.superseded]
+    if superseded:
+        victim = min(superseded, key=lambda s: (s.superseded_tick, s.id))
+        if victim.host_state == Residency.RESIDENT:
+            return [ev.SnapshotDeviceDropped(0, victim.id)]
+        return [ev.SnapshotDeleted(0, victim.id)]
+    device_only = [s for s in owners if s.host_state == Residency.ABSENT]
+    if device_only:
+        victim = min(device_only, key=lambda s: (s.gdsf_h, s.id))
+        if new_value >= victim.gdsf_h:
+            out: list[ev.CacheEvent] = []
+            if victim.gdsf_h > index.gdsf_l:
+                out.append(ev.GdsfInflated(0, victim.gdsf_h))
+            out.append(ev.SnapshotDeleted(0, victim.id))
+            return out
+    backed = [s for s in owners if s.host_state == Residency.RESIDENT]
+    if backed:
+        victim = min(backed, key=lambda s: (s.last_hit_tick, s.id))
+        return [ev.SnapshotDeviceDropped(0, victim.id)]
+    return None

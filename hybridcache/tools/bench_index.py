@@ -1,0 +1,221 @@
+"""`hybridcache bench index`: prefix index hot paths, printed as name=value lines.
+
+match_240k_ms       match of a 240k-token prompt (3,750 blocks) on a fully cached path with 100 snapshots,
+                    the prompt given as packed token bytes (PromptInput.token_bytes, as the frontend packs)
+match_240k_token_tuples_ms  the same match given only the token list (tuple slices)
+dict_match_240k_ms  the same walk on a plain dict keyed by (parent, tokens) in the same run
+match_vs_dict_ratio match_240k_ms / dict_match_240k_ms
+insert_240k_ms      commit of the same 3,750 blocks into an empty index (hashes precomputed)
+events_per_s        encode + apply + append to an in-memory journal, over a realistic event mix
+evict_plan_us       one host eviction planning step with 1,000 snapshots on the host
+Targets on the reference machine: match_240k_ms <= 2, events_per_s >= 300000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.cost_model import CacheCostModel
+from hybridcache.cache.facade import Cache
+from hybridcache.cache.geometry import CacheGeometry
+from hybridcache.cache.hashing import block_hashes
+from hybridcache.cache.host_eviction import plan_host_room
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.index import PrefixIndex
+from hybridcache.cache.match import PromptInput, match
+from hybridcache.cache.records import pack_tokens
+
+PAGE = 4096
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--blocks", type=int, default=3750, help="blocks on the matched path (240k tokens)")
+    parser.add_argument("--snapshots", type=int, default=100, help="snapshots on the matched path")
+    parser.add_argument("--repeat", type=int, default=15, help="timed repetitions (median reported)")
+    parser.add_argument("--evict-snapshots", type=int, default=1000, help="host snapshots for evict_plan_us")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _median_seconds(action: Callable[[], object], repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _geometry(num_pages: int, snapshot_slots: int, host_slabs: int) -> CacheGeometry:
+    return CacheGeometry(
+        num_pages=num_pages,
+        page_bytes=PAGE,
+        image_bytes=PAGE,
+        slab_bytes=PAGE,
+        host_cache_bytes=host_slabs * PAGE,
+        max_concurrency=2,
+        device_snapshot_slots=snapshot_slots,
+    )
+
+
+def _commit_path(cache: Cache, tokens: list[int], hashes: list[int], tap_positions: list[int]) -> None:
+    quoted = cache.quote(PromptInput(tuple(tokens), hashes, output_tokens=0))
+    cache.stage(quoted, 0)
+    cache.activate(0)
+    for position in tap_positions:
+        cache.take_tap(0, position)
+    cache.commit_blocks(0, tokens, hashes)
+    cache.publish_ready_taps(0, tokens)
+
+
+def _long_path(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
+    rng = random.Random(args.seed)
+    tokens = [rng.randrange(1, 150_000) for _ in range(args.blocks * BLOCK_TOKENS)]
+    step = max(args.blocks // args.snapshots, 1)
+    taps = [BLOCK_TOKENS * step * (i + 1) for i in range(args.snapshots) if step * (i + 1) <= args.blocks]
+    return tokens, block_hashes(tokens), taps
+
+
+def _bench_match(args: argparse.Namespace, journal: list) -> dict[str, float]:
+    tokens, hashes, taps = _long_path(args)
+    cache = Cache(_geometry(args.blocks + 8, len(taps) + 2, 0), CacheCostModel.default(), journal)
+    _commit_path(cache, tokens, hashes, taps)
+    probe_list = [*tokens, 1]
+    probe = PromptInput(probe_list, hashes, token_bytes=pack_tokens(probe_list))  # the frontend packs once
+    found = match(cache.index, probe)
+    assert len(found.path) == args.blocks and len(found.candidates) == len(taps)
+    ours = _median_seconds(lambda: match(cache.index, probe), args.repeat)
+    baseline = _dict_baseline(tokens)
+    probe_tokens = tuple(probe_list)
+    reference = _median_seconds(lambda: _dict_match(baseline, probe_tokens), args.repeat)
+    tuple_probe = PromptInput(probe_tokens, hashes)
+    tuple_walk = _median_seconds(lambda: match(cache.index, tuple_probe), args.repeat)
+
+    def insert() -> None:
+        fresh = Cache(_geometry(args.blocks + 8, 2, 0), CacheCostModel.default())
+        _commit_path(fresh, tokens, hashes, [])
+
+    inserted = _median_seconds(insert, max(args.repeat // 3, 3))
+    return {
+        "match_240k_ms": ours * 1e3,
+        "dict_match_240k_ms": reference * 1e3,
+        "match_vs_dict_ratio": ours / reference,
+        "match_240k_token_tuples_ms": tuple_walk * 1e3,
+        "insert_240k_ms": inserted * 1e3,
+    }
+
+
+def _dict_baseline(tokens: list[int]) -> dict[tuple[int, tuple[int, ...]], int]:
+    table: dict[tuple[int, tuple[int, ...]], int] = {}
+    parent = 0
+    for start in range(0, len(tokens), BLOCK_TOKENS):
+        node = len(table) + 1
+        table[(parent, tuple(tokens[start : start + BLOCK_TOKENS]))] = node
+        parent = node
+    return table
+
+
+def _dict_match(table: dict[tuple[int, tuple[int, ...]], int], tokens: tuple[int, ...]) -> int:
+    parent, depth = 0, 0
+    for start in range(0, (len(tokens) - 1) // BLOCK_TOKENS * BLOCK_TOKENS, BLOCK_TOKENS):
+        node = table.get((parent, tokens[start : start + BLOCK_TOKENS]))
+        if node is None:
+            break
+        parent, depth = node, depth + 1
+    return depth
+
+
+def _request_mix(cache: Cache, rng: random.Random, count: int) -> None:
+    """Multi-turn conversations sharing preambles: inserts, hits, taps, endpoints, write-through."""
+    preambles = [[rng.randrange(1, 150_000) for _ in range(1024)] for _ in range(4)]
+    conversations = [list(rng.choice(preambles)) for _ in range(8)]
+    for turn in range(count):
+        history = conversations[turn % len(conversations)]
+        history += [rng.randrange(1, 150_000) for _ in range(rng.randrange(64, 600))]
+        quoted = cache.quote(PromptInput(tuple(history), block_hashes(history), output_tokens=128))
+        staged = cache.stage(quoted, 0)
+        cache.activate(0)
+        if staged.restore is not None:
+            cache.restore_done(staged.restore.batch)
+        if len(history) - 1 > quoted.reuse_tokens + 64:
+            cache.take_tap(0, len(history) - 1)
+        cache.commit_blocks(0, history)
+        history += [rng.randrange(1, 150_000) for _ in range(rng.randrange(10, 120))]
+        result = cache.finish(0, history)
+        for write in (result.taps.write, result.write):
+            if write is not None:
+                cache.host_write_done(write.batch)
+
+
+def _bench_events(args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(args.seed + 1)
+    journal: list = []
+    geometry = _geometry(2048, 6, 4096)
+    _request_mix(Cache(geometry, CacheCostModel.default(), journal), rng, 200)
+    kinds = {type(e).__name__ for e in journal}
+    path_nodes = sum(len(e.path) for e in journal if isinstance(e, ev.LaneStaged))
+    stages = sum(1 for e in journal if isinstance(e, ev.LaneStaged))
+
+    def fold() -> None:
+        index = PrefixIndex(geometry)
+        out: list[bytes] = []
+        encode = ev.encode_event
+        for event in journal:
+            out.append(encode(event))
+            index.apply(event)
+
+    seconds = _median_seconds(fold, max(args.repeat // 3, 3))
+    return {
+        "events_per_s": len(journal) / seconds,
+        "event_kinds": float(len(kinds)),
+        "events_mix_count": float(len(journal)),
+        "events_mix_mean_path_blocks": path_nodes / max(stages, 1),
+    }
+
+
+def _bench_evict(args: argparse.Namespace) -> dict[str, float]:
+    rng = random.Random(args.seed + 2)
+    count = args.evict_snapshots
+    geometry = _geometry(4 * count + 64, 8, 4 * count)
+    cache = Cache(geometry, CacheCostModel.default())
+    for _ in range(count):
+        tokens = [rng.randrange(1, 150_000) for _ in range(2 * BLOCK_TOKENS + 10)]
+        quoted = cache.quote(PromptInput(tuple(tokens), block_hashes(tokens), output_tokens=0))
+        cache.stage(quoted, 0)
+        cache.activate(0)
+        cache.commit_blocks(0, tokens)
+        result = cache.finish(0, tokens)
+        if result.write is not None:
+            cache.host_write_done(result.write.batch)
+    index = cache.index
+    host_snapshots = sum(1 for s in index.snapshots.values() if s.host_slabs)
+    assert index.host is not None
+    want = index.host.num_free + geometry.image_slabs + 1
+    step = plan_host_room(index, want, None)
+    assert step
+    seconds = _median_seconds(lambda: plan_host_room(index, want, None), args.repeat)
+    return {"evict_plan_us": seconds * 1e6, "evict_host_snapshots": float(host_snapshots)}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print every measurement as name=value. Returns 0."""
+    results = _bench_match(args, [])
+    results.update(_bench_events(args))
+    results.update(_bench_evict(args))
+    for name, value in results.items():
+        print(f"{name}={value:.6g}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

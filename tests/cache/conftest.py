@@ -1,0 +1,8 @@
+"""Lets the cache tests import their shared factories (``cache_factories``) under --import-mode=importlib."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

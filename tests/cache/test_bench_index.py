@@ -1,0 +1,18 @@
+"""`hybridcache bench index` runs end to end on small sizes and prints every name=value line."""
+
+import argparse
+
+from hybridcache.tools import bench_index
+
+EXPECTED = {"match_240k_ms", "insert_240k_ms", "events_per_s", "evict_plan_us", "match_vs_dict_ratio"}
+
+
+def test_the_index_benchmark_prints_every_measurement(capsys):
+    parser = argparse.ArgumentParser()
+    bench_index.add_arguments(parser)
+    small = ["--blocks", "40", "--snapshots", "4", "--repeat", "3", "--evict-snapshots", "20"]
+    args = parser.parse_args(small)
+    assert bench_index.run(args) == 0
+    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert set(lines) >= EXPECTED
+    assert all(float(lines[name]) > 0 for name in EXPECTED)

@@ -1,0 +1,98 @@
+"""Host GDSF (§9.3, §13.1): hand-computed priorities, dead KV first, exclusive paths, monotonic L."""
+
+import pytest
+from cache_factories import (
+    IMAGE,
+    PAGE,
+    checked_cache,
+    geometry,
+    insert_path,
+    linear_cost,
+    run_request,
+    tokens,
+)
+
+from hybridcache.cache.events import GdsfInflated, NodeHostDropped, SnapshotDeleted, SnapshotDeviceDropped
+from hybridcache.cache.host_eviction import plan_host_room
+from hybridcache.cache.index import PrefixIndex
+
+RESTORE = IMAGE / 1e15  # restore_seconds(image) under linear_cost()
+
+
+def gdsf_cache(host_slabs: int = 200):
+    return checked_cache(geometry(host_slabs=host_slabs, snapshot_slots=4), cost=linear_cost())
+
+
+def h_of(cache, snapshot_id) -> float:
+    return cache.index.snapshots[snapshot_id].gdsf_h
+
+
+def test_two_siblings_are_valued_by_their_own_prefill_and_exclusive_blocks():
+    cache = gdsf_cache()
+    shared = tokens(128, seed=1)
+    _, _, a = run_request(cache, shared + tokens(128, seed=2), lane=0)  # endpoint at 256
+    _, _, b = run_request(cache, shared + tokens(192, seed=3), lane=1)  # endpoint at 320, from the root
+    # A: 256 tokens saved, image + its 2 exclusive blocks. B: 320 tokens, image + 3 exclusive blocks.
+    assert h_of(cache, a.endpoint) == pytest.approx((0.256 - RESTORE) / (IMAGE + 2 * PAGE))
+    assert h_of(cache, b.endpoint) == pytest.approx((0.320 - RESTORE) / (IMAGE + 3 * PAGE))
+
+
+def test_nested_snapshots_value_against_the_nearest_retained_ancestor_and_count_hits():
+    cache = gdsf_cache()
+    history = tokens(256, seed=1)
+    _, _, first = run_request(cache, history, lane=0)  # E1 at 256
+    quoted, _, second = run_request(cache, history + tokens(128, seed=2), lane=1)  # resumes E1, E2 at 384
+    assert quoted.reuse_tokens == 256 and cache.index.snapshots[first.endpoint].superseded
+    retry, _, third = run_request(cache, history + tokens(10, seed=3), lane=0)  # a retry re-retains E1
+    assert retry.reuse_tokens == 256 and third.endpoint is None
+    e1 = cache.index.snapshots[first.endpoint]
+    assert not e1.superseded and e1.hits == 2
+    # E1: (1 + 2 hits) × 256 tokens over its image alone (its blocks are shared with E2).
+    assert e1.gdsf_h == pytest.approx(3 * (0.256 - RESTORE) / IMAGE)
+    # E2: only the 128 tokens above E1, over its image and its 2 exclusive blocks.
+    assert h_of(cache, second.endpoint) == pytest.approx((0.128 - RESTORE) / (IMAGE + 2 * PAGE))
+
+
+def test_dead_kv_is_reclaimed_before_any_snapshot():
+    cache = gdsf_cache()
+    run_request(cache, tokens(256, seed=1), lane=0)
+    insert_path(cache, tokens(256, seed=2), lane=1)  # written through, no snapshot can reach it
+    dead = set(cache.index.dead_nodes)
+    assert len(dead) == 4
+    events = plan_host_room(cache.index, cache.index.host.num_free + 1, None)
+    assert events == [NodeHostDropped(0, max(dead, key=lambda n: cache.index.nodes[n].depth))]
+
+
+def test_evicting_a_snapshot_frees_its_exclusive_path_but_not_the_shared_one():
+    cache = gdsf_cache()
+    index = cache.index
+    shared = tokens(128, seed=1)
+    _, _, a = run_request(cache, shared + tokens(128, seed=2), lane=0)
+    run_request(cache, shared + tokens(192, seed=3), lane=1)
+    victim = index.snapshots[a.endpoint]
+    exclusive = [n.id for n in index.path_to(victim.anchor)[2:]]
+    shared_nodes = [n.id for n in index.path_to(victim.anchor)[:2]]
+    cache._apply(SnapshotDeviceDropped(0, victim.id))  # only its host copy is left
+    target = index.host.num_free + index.geometry.image_slabs + len(exclusive)
+    steps = []
+    while step := plan_host_room(index, target, None):
+        steps.append(step)
+        for event in step:
+            cache._apply(event)
+    assert steps[0] == [GdsfInflated(0, pytest.approx(victim.gdsf_h)), SnapshotDeleted(0, victim.id)]
+    assert all(index.nodes[n].host_slab is None for n in exclusive)
+    assert all(index.nodes[n].host_slab is not None for n in shared_nodes)
+
+
+def test_the_inflation_value_never_falls_under_pressure():
+    journal: list = []
+    cache = checked_cache(geometry(host_slabs=20, snapshot_slots=4), journal, linear_cost())
+    for seed in range(8):
+        run_request(cache, tokens(150 + 40 * seed, seed=seed), lane=seed % 2)
+    replayed = PrefixIndex(cache.index.geometry)
+    seen = []
+    for event in journal:
+        replayed.apply(event)
+        seen.append(replayed.gdsf_l)
+    assert any(isinstance(e, GdsfInflated) for e in journal)
+    assert seen == sorted(seen)
