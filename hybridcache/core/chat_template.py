@@ -36,11 +36,17 @@ def _strftime_now(format_string: str) -> str:
     return datetime.now().strftime(format_string)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators=None,
+    sort_keys: bool = False,
+) -> str:
     """JSON text of `value` without HTML escaping (jinja2's own tojson escapes <, >, & and ')."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def make_environment() -> ImmutableSandboxedEnvironment:
@@ -61,8 +67,9 @@ def make_environment() -> ImmutableSandboxedEnvironment:
 class ChatTemplate:
     """A compiled chat template and the special tokens it may reference. Immutable; thread-safe."""
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str] | None = None,
-                 origin: Path | None = None) -> None:
+    def __init__(
+        self, source: str, special_tokens: Mapping[str, str] | None = None, origin: Path | None = None
+    ) -> None:
         """Compile `source`. Raises FrontendError (naming `origin`) on a template syntax error."""
         self.source = source
         self.origin = origin
@@ -70,8 +77,9 @@ class ChatTemplate:
         try:
             self._template = make_environment().from_string(source)
         except jinja2.TemplateSyntaxError as error:
-            raise FrontendError(f"chat template syntax error at line {error.lineno}: {error.message}",
-                                origin) from error
+            raise FrontendError(
+                f"chat template syntax error at line {error.lineno}: {error.message}", origin
+            ) from error
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ChatTemplate:
@@ -92,13 +100,22 @@ class ChatTemplate:
             return cls(source, special_tokens, origin=template_path)
         config_path = root / TOKENIZER_CONFIG_FILE
         if "chat_template" not in tokenizer_config:
-            raise FrontendError(f"no chat template: neither {CHAT_TEMPLATE_FILE} nor a chat_template field "
-                                f"in {TOKENIZER_CONFIG_FILE}", config_path)
-        return cls(_pick_template(tokenizer_config["chat_template"], config_path), special_tokens,
-                   origin=config_path)
+            raise FrontendError(
+                f"no chat template: neither {CHAT_TEMPLATE_FILE} nor a chat_template field "
+                f"in {TOKENIZER_CONFIG_FILE}",
+                config_path,
+            )
+        return cls(
+            _pick_template(tokenizer_config["chat_template"], config_path), special_tokens, origin=config_path
+        )
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """The prompt text for `messages` (dicts with role/content/...; OpenAI style tool_calls).
 
         Extra keyword arguments (enable_thinking, documents, ...) become template variables. Pure.
@@ -106,8 +123,12 @@ class ChatTemplate:
         """
         variables = {**self._special_tokens, **kwargs}
         try:
-            return self._template.render(messages=list(messages), tools=list(tools) if tools else None,
-                                         add_generation_prompt=add_generation_prompt, **variables)
+            return self._template.render(
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except TemplateRaised as error:
             raise FrontendError(f"chat template rejected the request: {error}") from error
         except (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError) as error:

@@ -72,8 +72,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def uses_penalties(self) -> bool:
         """True when any of the repetition, presence or frequency penalties changes the logits."""
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def _check_int(field: str, value: object, *, low: int, high: int | None = None) -> None:
@@ -84,8 +83,9 @@ def _check_int(field: str, value: object, *, low: int, high: int | None = None) 
         raise ValueError(f"{field}: must be >= {low}{upper}, got {value}")
 
 
-def _check_float(field: str, value: object, *, low: float, high: float | None,
-                 low_open: bool = False) -> None:
+def _check_float(
+    field: str, value: object, *, low: float, high: float | None, low_open: bool = False
+) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{field}: must be a finite number, got {value!r}")
     below = value <= low if low_open else value < low

@@ -1,36 +1,98 @@
-"""The aiohttp application: routes and error envelopes.
+"""The aiohttp application: routes, API keys, error envelopes, and the operational endpoints.
 
-Handlers never touch engine state: they submit and await. Until the engine lands, every model endpoint
-answers 503 with the OpenAI error envelope, and /health reports that the runtime is not ready.
+`create_app(engine, frontend, options)` builds the app the server runs. Handlers never touch engine state:
+they submit and await (`EngineProtocol.submit`, `.cancel`, `.stats`). Every refusal is an `ApiError`
+rendered by `error_middleware` in the route's own envelope (Anthropic's for /v1/messages, OpenAI's
+elsewhere); an unexpected exception becomes a 500 in that envelope and is logged, so a bad request
+never takes the server down.
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/messages,
+GET /health, GET /metrics (Prometheus text), GET /v1/cache/stats (``engine.stats()`` as JSON).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
+import msgspec
 from aiohttp import web
 
-MODEL_RUNTIME_MISSING = "model runtime not built yet"
+from hybridcache.core.api import EngineProtocol
+from hybridcache.http.anthropic_routes import messages
+from hybridcache.http.auth import authenticate
+from hybridcache.http.errors import ApiError, error_response, kind_of_status, protocol_of_path
+from hybridcache.http.metrics import render_prometheus
+from hybridcache.http.openai_chat import chat_completions
+from hybridcache.http.openai_completions import completions
+from hybridcache.http.server_options import ServerOptions
+from hybridcache.http.state import STATE_KEY, FrontendLike, ServerState, server_state
+from hybridcache.logs import get_logger
+
+log = get_logger(__name__)
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def openai_error(status: int, message: str, error_type: str, code: str | None = None) -> web.Response:
-    """An OpenAI-style error envelope: {"error": {"message", "type", "param", "code"}}."""
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    return web.json_response(body, status=status)
-
-
-async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "unavailable", "reason": MODEL_RUNTIME_MISSING}, status=503)
-
-
-async def _unavailable(request: web.Request) -> web.Response:
-    return openai_error(503, MODEL_RUNTIME_MISSING, "service_unavailable", "model_not_ready")
-
-
-def create_app(max_body_bytes: int) -> web.Application:
-    """Build the application. Pure construction; nothing runs until the app is started."""
-    app = web.Application(client_max_size=max_body_bytes)
-    app.router.add_get("/health", _health)
-    for path in ("/v1/models",):
-        app.router.add_get(path, _unavailable)
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/messages"):
-        app.router.add_post(path, _unavailable)
+def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOptions) -> web.Application:
+    """Build the application serving `engine` through `frontend`. Pure construction; nothing runs yet."""
+    app = web.Application(client_max_size=options.max_body_bytes, middlewares=[error_middleware])
+    app[STATE_KEY] = ServerState(engine, frontend, options)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/cache/stats", cache_stats)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", messages)
     return app
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Authenticate /v1/ routes; render every refusal in the route's envelope; never let one escape."""
+    state = server_state(request)
+    protocol = protocol_of_path(request.path)
+    try:
+        if request.path.startswith("/v1/"):
+            authenticate(request, state.options.api_keys)
+        return await handler(request)
+    except ApiError as error:
+        state.metrics.record_error(error.status)
+        return error_response(error, protocol)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        state.metrics.record_error(error.status)
+        return error_response(ApiError(error.status, error.reason, kind_of_status(error.status)), protocol)
+    except ConnectionResetError:
+        raise
+    except Exception:
+        log.exception("request %s %s failed", request.method, request.path)
+        state.metrics.record_error(500)
+        return error_response(ApiError(500, "Internal server error.", "internal"), protocol)
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 while the engine serves; 503 once it reports that it is stopping."""
+    stopping = bool(server_state(request).engine.stats().get("stopping", False))
+    if stopping:
+        return web.json_response({"status": "stopping"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    state = server_state(request)
+    card = {"id": state.served_model_name, "object": "model", "created": state.created_at,
+            "owned_by": "hybridcache", "max_model_len": state.max_model_len}
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = server_state(request)
+    text = render_prometheus(state.metrics, state.engine.stats(), state.served_model_name)
+    return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+async def cache_stats(request: web.Request) -> web.Response:
+    body = msgspec.json.encode(server_state(request).engine.stats(), enc_hook=str)
+    return web.Response(body=body, content_type="application/json")

@@ -1,4 +1,9 @@
-"""Process lifecycle of `hybridcache serve`: startup ledger, bind, signals, orderly stop."""
+"""Process lifecycle of `hybridcache serve`: model, engine, startup ledger, bind, signals, orderly stop.
+
+Stop (spec §5.5): SIGTERM or a confirmed Ctrl+C (a second press within 5 s) stops accepting new
+connections, fails running and queued requests as unavailable at the next unit boundary (their clients
+get a clean error), then runs the engine's orderly stop. One more Ctrl+C exits at once.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,20 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 from aiohttp import web
 
 from hybridcache import __version__
-from hybridcache.config import EffectiveOptions
-from hybridcache.http.app import MODEL_RUNTIME_MISSING, create_app
+from hybridcache.config import EffectiveOptions, OptionError
+from hybridcache.http.app import create_app
 from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.stop_control import StopAction, StopControl
 from hybridcache.logs import format_bytes, get_logger, log_ledger, setup_logging
 
 log = get_logger(__name__)
 EXIT_AT_ONCE_CODE = 130
+STARTUP_ERROR_EXIT = 2
 
 
 def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tuple[str, object]]:
@@ -26,12 +33,9 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
     return [
         ("version", __version__),
         ("model", options.model or "embedded tiny checkpoint"),
-        ("dtype", options.dtype),
-        ("device", options.device),
         ("max_concurrency", options.max_concurrency),
         ("prefill_chunk", options.prefill_chunk),
         ("kv_capacity", options.kv_capacity),
-        ("max_model_len", options.max_model_len or "model's own"),
         ("prefix_reuse", cache.prefix_reuse),
         ("host_tier", format_bytes(cache.host_cache_bytes) if cache.host_tier else "off"),
         ("device_snapshot_slots", cache.device_snapshot_slots),
@@ -56,38 +60,62 @@ def serve_forever(options: EffectiveOptions, server: ServerOptions) -> int:
     return asyncio.run(_serve(options, server))
 
 
+def _model_dir(options: EffectiveOptions) -> Path:
+    if options.model is not None:
+        return Path(options.model)
+    from hybridcache.tools.make_tiny_model import ensure_default_model
+
+    log.info("preparing the embedded tiny checkpoint (built once into the user cache directory)")
+    return ensure_default_model()
+
+
 async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
+    from hybridcache.core.engine import Engine
+    from hybridcache.core.frontend import Frontend
+    from hybridcache.core.tokenizer import FrontendError
+    from hybridcache.gpu.model import CheckpointError
+
     log_ledger(log, "hybridcache serve: effective options", startup_ledger(options, server))
-    log.warning("%s: model endpoints answer 503 until the engine lands", MODEL_RUNTIME_MISSING)
-    app = create_app(server.max_body_bytes)
+    try:
+        model_dir = _model_dir(options)
+        engine = Engine(model_dir, options, model_name=server.served_model_name)
+        frontend = Frontend.from_dir(model_dir, engine.max_model_len)
+    except (CheckpointError, FrontendError, OptionError, MemoryError) as error:
+        log.error("cannot start: %s", error)
+        return STARTUP_ERROR_EXIT
+    log_ledger(log, f"model {engine.model_name} from {model_dir}", engine.runtime.ledger())
+    await engine.start()
+    app = create_app(engine, frontend, server)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port)
     await site.start()
-    bound_port = runner.addresses[0][1] if runner.addresses else server.port
-    log.info("listening on http://%s:%d", server.host, bound_port)
 
     stop = asyncio.Event()
     control = StopControl()
-    loop = asyncio.get_running_loop()
 
     def on_signal(signum: int) -> None:
         action = (
             control.on_terminate() if signum == signal.SIGTERM else control.on_interrupt(time.monotonic())
         )
         if action is StopAction.STOP:
-            log.info("stopping: no new requests; answering running ones")
+            log.info("stopping: no new requests; failing running and queued ones as unavailable")
             stop.set()
         elif action is StopAction.EXIT_NOW:
-            log.warning("second interrupt while stopping: exiting at once")
+            log.warning("interrupt while stopping: exiting at once")
             os._exit(EXIT_AT_ONCE_CODE)
         elif signum == signal.SIGINT:
             log.info("press Ctrl+C again within 5 s to stop the server")
 
+    loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)
     loop.add_signal_handler(signal.SIGINT, on_signal, signal.SIGINT)
+    bound_port = runner.addresses[0][1] if runner.addresses else server.port
+    log.info("listening on http://%s:%d", server.host, bound_port)
     try:
         await stop.wait()
+        await site.stop()  # no new connections
+        await engine.stop()  # running requests end with "unavailable"; transfers drain
     finally:
         await runner.cleanup()
         log.info("stopped")

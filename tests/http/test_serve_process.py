@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +21,7 @@ LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 class ServerProcess:
     def __init__(self, *flags: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "hybridcache", "serve", "--port", "0", *flags],
+            [sys.executable, "-m", "hybridcache", "serve", "--port", "0", "--kv-capacity", "512", *flags],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -47,6 +48,17 @@ class ServerProcess:
         except urllib.error.HTTPError as error:
             return error.code, json.load(error)
 
+    def post(self, path: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
+        data = json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data, {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
     def wait(self, timeout_s: float = 30.0) -> int:
         code = self.process.wait(timeout=timeout_s)
         assert self.process.stderr is not None
@@ -55,8 +67,8 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerProcess]:
-    process = ServerProcess()
+def server(micro_checkpoint) -> Iterator[ServerProcess]:
+    process = ServerProcess("--model", str(micro_checkpoint), "--served-model-name", "micro")
     yield process
     if process.process.poll() is None:
         process.process.kill()
@@ -65,14 +77,23 @@ def server() -> Iterator[ServerProcess]:
 
 def test_serve_logs_its_ledger_and_binds(server: ServerProcess):
     ledger = "".join(server.log)
-    for row in ("max_concurrency", "host_tier", "device_snapshot_slots", "max_new_taps", "tap_ladder_tokens"):
+    for row in (
+        "max_concurrency",
+        "host_tier",
+        "device_snapshot_slots",
+        "max_new_taps",
+        "kv_pages",
+        "state_slots",
+    ):
         assert row in ledger
 
 
-def test_model_endpoints_say_the_runtime_is_missing(server: ServerProcess):
+def test_the_server_answers_a_completion(server: ServerProcess):
     status, body = server.get("/v1/models")
-    assert status == 503
-    assert "model runtime not built yet" in body["error"]["message"]
+    assert status == 200 and body["data"][0]["id"] == "micro"
+    status, body = server.post("/v1/completions", {"model": "micro", "prompt": "hello", "max_tokens": 4})
+    assert status == 200
+    assert body["usage"]["completion_tokens"] >= 1
 
 
 def test_sigterm_stops_cleanly_with_exit_0(server: ServerProcess):
@@ -86,6 +107,21 @@ def test_ctrl_c_needs_a_second_press(server: ServerProcess):
     time.sleep(0.5)
     assert server.process.poll() is None, "one Ctrl+C must not stop the server"
     status, _ = server.get("/health")
-    assert status == 503
+    assert status == 200
     server.process.send_signal(signal.SIGINT)
     assert server.wait() == 0
+
+
+def test_sigterm_during_a_long_generation_gives_the_client_a_clean_error(server: ServerProcess):
+    results: list[tuple[int, dict]] = []
+    body = {"model": "micro", "prompt": "count", "max_tokens": 30000, "ignore_eos": True, "temperature": 0}
+    client = threading.Thread(target=lambda: results.append(server.post("/v1/completions", body)))
+    client.start()
+    time.sleep(1.5)
+    server.process.send_signal(signal.SIGTERM)
+    client.join(timeout=60)
+    assert server.wait() == 0
+    assert results, "the client got no answer"
+    status, answer = results[0]
+    assert status == 503
+    assert "stopping" in answer["error"]["message"]

@@ -1,0 +1,80 @@
+"""An active request's lane: its pages, state slot, tokens, planned taps and pending restore."""
+
+from __future__ import annotations
+
+from hybridcache.cache.facade_results import PageCopy
+from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
+from hybridcache.cache.tap_planner import Placement, PlannedTap
+from hybridcache.core.api import RequestAccounting
+from hybridcache.core.requests import Request
+from hybridcache.gpu.sampler import LaneSamplingState
+from hybridcache.gpu.transfers import RestoreTicket
+
+
+class LaneState:
+    """Worker-side state of one lane. Mutated by the worker only.
+
+    `tokens` holds the prompt and every sampled token; `computed` counts the positions whose KV and
+    state exist (the last sampled token is not computed until the next decode step).
+    """
+
+    def __init__(
+        self,
+        lane_id: int,
+        request: Request,
+        slot: SlotId,
+        block_table: list[PageId],
+        base: int,
+        taps: list[PlannedTap],
+        sampler: LaneSamplingState,
+        accounting: RequestAccounting,
+    ) -> None:
+        self.lane_id = lane_id
+        self.request = request
+        self.slot = slot
+        self.block_table = block_table
+        self.tokens: list[int] = list(request.prompt.token_ids)
+        self.prompt_len = len(self.tokens)
+        self.computed = base
+        self.base = base
+        self.exact_taps = sorted(t.position for t in taps if t.placement == Placement.EXACT)
+        self.flexible_taps = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
+        self.boundary = {t.position: t.boundary for t in taps}
+        self.restore: RestoreTicket | None = None
+        self.tail_copy: PageCopy | None = None
+        self.sampler = sampler
+        self.accounting = accounting
+        self.taps_taken = 0
+        self.taps_skipped = 0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.prompt_len
+
+    def next_chunk_end(self, chunk: int) -> int:
+        """End of the next prefill pass: the chunk size, cut at the next exact tap."""
+        end = min(self.computed + chunk, self.prompt_len)
+        for position in self.exact_taps:
+            if self.computed < position < end:
+                return position
+        return end
+
+    def pages_needed(self, end: int) -> int:
+        """More pages the block table needs to hold positions below `end`."""
+        return max(0, -(-end // BLOCK_TOKENS) - len(self.block_table))
+
+    def taps_due(self, start: int, end: int) -> list[int]:
+        """Frontiers to snapshot around the pass [start, end) (spec §7.1): exact taps at `end`;
+        flexible taps reached by a non-final pass at its end, or lying in the final pass at its start."""
+        due = [p for p in self.exact_taps if p == end]
+        final = end == self.prompt_len
+        for position in self.flexible_taps:
+            if start < position <= end:
+                frontier = start if final else end
+                if frontier > self.base and frontier not in due and frontier < self.prompt_len:
+                    due.append(frontier)
+        return sorted(due)

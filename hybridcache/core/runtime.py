@@ -1,0 +1,121 @@
+"""The compute side the engine drives: the model, its KV pools and state slots, host slab memory and
+transfers, sized from the options (spec §5.4, §14.2). Holds tensors; decides no cache policy."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from hybridcache.cache.geometry import CacheGeometry
+from hybridcache.cache.slab_pool import HostSlabPool, slab_bytes_for
+from hybridcache.config import EffectiveOptions, OptionError, check_host_budget
+from hybridcache.gpu.backend import CpuBackend
+from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
+from hybridcache.gpu.model import Qwen35Model, load_model
+from hybridcache.gpu.transfers import Transfers
+from hybridcache.logs import format_bytes
+
+DEFAULT_CONTEXT = 32768
+CPU_KV_SHARE = 0.25  # --kv-capacity auto on a CPU device: at most this share of physical memory
+CPU_KV_LIMIT_BYTES = 4 << 30
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when available, else CPU. Raises OptionError for an unavailable CUDA device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise OptionError("--device", f"{name} asked for, but no CUDA device is available")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """`auto`: float32 on CPU (bf16 matmuls are slow there), the checkpoint's own dtype elsewhere."""
+    if name == "auto":
+        return torch.float32 if device.type == "cpu" else None
+    return DTYPES[name]
+
+
+def model_context_length(model_dir: Path) -> int:
+    """`max_position_embeddings` of config.json (or of its `text_config`); 32768 when absent."""
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    text = raw.get("text_config") or raw
+    return int(text.get("max_position_embeddings") or raw.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class ModelRuntime:
+    """Everything with bytes: built once per engine. Methods mutate only tensors."""
+
+    def __init__(self, model_dir: Path, options: EffectiveOptions) -> None:
+        self.device = resolve_device(options.device)
+        self.model: Qwen35Model = load_model(
+            model_dir, resolve_dtype(options.dtype, self.device), self.device
+        )
+        self.max_model_len = options.max_model_len or model_context_length(model_dir)
+        cache = options.cache
+        self.num_slots = options.max_concurrency + cache.device_snapshot_slots
+        self.states = self.model.new_state_slots(self.num_slots)
+        probe = self.model.new_kv_pools(1)
+        self.page_bytes = probe.page_bytes
+        self.slab_bytes = slab_bytes_for(probe.plane_page_bytes)
+        self.num_pages = self._num_pages(options)
+        self.kv = self.model.new_kv_pools(self.num_pages)
+        check_host_budget(cache, self.states.image_bytes, self.slab_bytes)
+        self.geometry = CacheGeometry(
+            num_pages=self.num_pages,
+            page_bytes=self.page_bytes,
+            image_bytes=self.states.image_bytes,
+            slab_bytes=self.slab_bytes,
+            host_cache_bytes=cache.host_cache_bytes,
+            max_concurrency=options.max_concurrency,
+            device_snapshot_slots=cache.device_snapshot_slots,
+        )
+        self.backend = CpuBackend()
+        pool = HostSlabPool(self.slab_bytes, max(cache.host_cache_bytes, self.slab_bytes))
+        allocate = pinned_allocator if self.device.type == "cuda" else cpu_allocator
+        self.host_memory = HostSlabMemory(pool, allocate)
+        self.transfers = Transfers(self.kv, self.states, self.host_memory)
+
+    def _num_pages(self, options: EffectiveOptions) -> int:
+        one_context = -(-self.max_model_len // 64) + 1
+        if options.kv_capacity != "auto":
+            return int(options.kv_capacity)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * 0.8)
+        else:
+            budget = min(int(physical_memory_bytes() * CPU_KV_SHARE), CPU_KV_LIMIT_BYTES)
+        return max(budget // self.page_bytes, one_context)
+
+    def ledger(self) -> list[tuple[str, object]]:
+        """Startup-ledger rows for the memory this runtime holds."""
+        config = self.model.config
+        return [
+            ("architecture", config.architecture),
+            (
+                "layers",
+                f"{config.num_hidden_layers} ({len(config.linear_attention_layers)} linear, "
+                f"{len(config.full_attention_layers)} full attention)",
+            ),
+            ("dtype", str(self.model.dtype).removeprefix("torch.")),
+            ("device", str(self.device)),
+            ("max_model_len", self.max_model_len),
+            (
+                "kv_pages",
+                f"{self.num_pages} x {format_bytes(self.page_bytes)} = "
+                f"{format_bytes(self.num_pages * self.page_bytes)}",
+            ),
+            ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)}"),
+            ("host_slab", format_bytes(self.slab_bytes)),
+        ]
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,515 @@
+"""The engine's worker loop: admission, prefill passes with taps, decode rounds, finish (spec §6–§7).
+
+Only this task mutates the cache index and the lanes. Submissions, cancellations and transfer completions
+arrive through the inbox (callables posted from anywhere on the loop) and are applied between units. The
+forward (and sampling) runs on the compute executor; the worker awaits it, so device copies the worker
+makes itself (slot copies, tail copies) never overlap a forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import torch
+
+from hybridcache.cache.facade_results import (
+    FinishResult,
+    HostWritePlan,
+    PageCopy,
+    PublishResult,
+    StateSourceKind,
+)
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.integrity import check_integrity
+from hybridcache.cache.match import PromptInput, Readiness, SourceKind
+from hybridcache.cache.records import LaneId, SnapshotKind
+from hybridcache.cache.tap_planner import TapOptions, plan_taps
+from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
+from hybridcache.core.lanes import LaneState
+from hybridcache.core.requests import Phase, Request
+from hybridcache.core.worker_stats import WorkerCounters
+from hybridcache.gpu.backend import DeviceError, DeviceEvent
+from hybridcache.gpu.sampler import LaneSamplingState, SampleResult, is_stop, sample
+from hybridcache.gpu.transfers import ImageCopy
+from hybridcache.logs import get_logger
+
+if TYPE_CHECKING:
+    from hybridcache.core.engine import Engine
+
+log = get_logger(__name__)
+
+OUTPUT_WINDOW_TOKENS = 512  # pages reserved at admission for the answer; more are granted as it grows
+SOURCE_NAMES = {SourceKind.ROOT: "root", SourceKind.DEVICE: "device", SourceKind.HOST: "host"}
+
+
+class ConstantExtras:
+    """The same extra key for every block (a request's cache salt covers its generated blocks too)."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def __getitem__(self, index: int) -> int:
+        return self.key
+
+    def __len__(self) -> int:
+        return 1 << 40
+
+
+class Worker:
+    def __init__(self, engine: Engine, compute: ThreadPoolExecutor) -> None:
+        self.engine = engine
+        self.cache = engine.cache
+        self.runtime = engine.runtime
+        self.options = engine.options
+        self.compute = compute
+        self.queue: deque[Request] = deque()
+        self.lanes: dict[int, LaneState] = {}
+        self.free_lanes = list(range(self.options.max_concurrency - 1, -1, -1))
+        self.counters = WorkerCounters()
+        self.stopping = False
+        self._inbox: deque[Callable[[], None]] = deque()
+        self._wake = asyncio.Event()
+        self._waits: set[asyncio.Task[None]] = set()
+        self._last_was_decode = False
+        self._next_prefill = 0
+        self._generator = torch.Generator().manual_seed(0)
+        cache_options = self.options.cache
+        self._tap_options = TapOptions(
+            max_new_taps=cache_options.max_new_taps,
+            ladder_tokens=cache_options.tap_ladder_tokens,
+            min_gap_tokens=cache_options.tap_min_gap_tokens,
+        )
+        self._eos = engine.eos_token_ids
+
+    # -- inbox ------------------------------------------------------------------------------------
+    def post(self, action: Callable[[], None]) -> None:
+        self._inbox.append(action)
+        self._wake.set()
+
+    def post_submit(self, request: Request) -> None:
+        self.post(lambda: self.queue.append(request))
+
+    def post_cancel(self, request_id: str) -> None:
+        self.post(lambda: self._cancel(request_id))
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        self._wake.set()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                self._drain_inbox()
+                if self.stopping:
+                    break
+                self._expire_waiting()
+                self._admit()
+                unit = self._next_unit()
+                if unit is None:
+                    if self.engine.debug_integrity:
+                        check_integrity(self.cache.index)
+                    await self._idle()
+                    continue
+                await unit
+                if self.engine.debug_integrity:
+                    check_integrity(self.cache.index)
+        except Exception as error:
+            log.exception("engine worker failed; failing every request")
+            self._fail_everything(RequestError("internal", f"the engine failed: {error}"))
+            raise
+        self._shutdown()
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            self._inbox.popleft()()
+
+    async def _idle(self) -> None:
+        timeout = None
+        if self.queue:
+            deadline = self.queue[0].arrival + self.options.pending_timeout_s
+            timeout = max(0.0, deadline - time.monotonic()) + 0.001
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _expire_waiting(self) -> None:
+        now = time.monotonic()
+        limit = self.options.pending_timeout_s
+        while self.queue and now - self.queue[0].arrival > limit:
+            request = self.queue.popleft()
+            request.fail(RequestError("timeout", f"the request waited more than {limit:g} s for a lane"))
+
+    # -- admission (§6) ---------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self.queue and self.free_lanes:
+            request = self.queue[0]
+            if request.cancelled:
+                self.queue.popleft()
+                continue
+            if not self._try_admit(request):
+                return  # the FIFO head is blocked; nothing overtakes it (§6.3)
+            self.queue.popleft()
+
+    def _try_admit(self, request: Request) -> bool:
+        prompt = request.prompt
+        enabled = prompt.prefix_reuse and self.options.cache.prefix_reuse
+        extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
+        window = min(request.sampling.max_tokens, OUTPUT_WINDOW_TOKENS)
+        quote = self.cache.quote(
+            PromptInput(prompt.token_ids, prompt.block_hashes, extras, (), window, enabled)
+        )
+        if quote.readiness == Readiness.TEMPORARILY_BLOCKED:
+            return False
+        if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
+            request.fail(RequestError("too_long", "the request can never fit in the device KV pool"))
+            return True
+        lane_id = self.free_lanes.pop()
+        staged = self.cache.stage(quote, lane_id)
+        index_lane = self.cache.index.lanes[LaneId(lane_id)]
+        resumed = index_lane.source
+        taps = []
+        if enabled:
+            taps = plan_taps(
+                prompt.num_tokens,
+                staged.reuse_tokens,
+                prompt.tap_hints,
+                self._path_frontiers(lane_id),
+                self._tap_options,
+                resumed_from_endpoint=resumed is not None and resumed.kind == SnapshotKind.ENDPOINT,
+            )
+        accounting = RequestAccounting(
+            prompt_tokens=prompt.num_tokens,
+            reuse_tokens=staged.reuse_tokens,
+            cached_prefix_tokens=quote.cached_prefix_tokens,
+            restored_host_bytes=staged.restored_host_bytes,
+            source=SOURCE_NAMES[staged.source_kind],
+            prefill_tokens=prompt.num_tokens - staged.reuse_tokens,
+        )
+        sampler = LaneSamplingState.create(
+            request.sampling, prompt.token_ids, self.runtime.model.config.vocab_size, self._generator
+        )
+        lane = LaneState(
+            lane_id,
+            request,
+            staged.slot,
+            list(staged.block_table),
+            staged.reuse_tokens,
+            taps,
+            sampler,
+            accounting,
+        )
+        if staged.restore is not None:
+            plan = staged.restore
+            ticket = self.runtime.transfers.restore(
+                self.runtime.backend.restore_stream,
+                [(b.page, b.slab) for b in plan.blocks],
+                [] if plan.tail is None else [(plan.tail.page, plan.tail.slab)],
+                ImageCopy(staged.slot, plan.image_slabs) if plan.image_slabs else None,
+            )
+            lane.restore = ticket
+            self._watch(ticket.done, lambda batch=plan.batch: self.cache.restore_done(batch))
+        if staged.state_source == StateSourceKind.COPY_SLOT:
+            assert staged.state_source_slot is not None
+            self.runtime.states.copy_slot(staged.state_source_slot, staged.slot)
+        lane.tail_copy = staged.tail_copy
+        self.cache.activate(lane_id)
+        self.lanes[lane_id] = lane
+        request.phase = Phase.PREFILL
+        self.counters.admitted(accounting)
+        request.emit(RequestOutput(request_id=request.id, accounting=accounting))
+        return True
+
+    def _path_frontiers(self, lane_id: int) -> list[int]:
+        """Frontiers of the snapshots already on the lane's matched path (taps dedup against them)."""
+        index_lane = self.cache.index.lanes[LaneId(lane_id)]
+        anchors = [self.cache.index.root, *index_lane.path]
+        return [snap.frontier for node in anchors for snap in node.snapshots]
+
+    # -- units ------------------------------------------------------------------------------------
+    def _next_unit(self):
+        decoding = [lane for lane in self.lanes.values() if lane.request.phase is Phase.DECODE]
+        prefilling = [lane for lane in self.lanes.values() if lane.request.phase is Phase.PREFILL]
+        if decoding and (not prefilling or not self._last_was_decode):
+            self._last_was_decode = True
+            return self._decode_round(decoding)
+        if prefilling:
+            self._last_was_decode = False
+            self._next_prefill = (self._next_prefill + 1) % len(prefilling)
+            return self._prefill_pass(prefilling[self._next_prefill])
+        return None
+
+    async def _prefill_pass(self, lane: LaneState) -> None:
+        start = lane.computed
+        end = lane.next_chunk_end(self.options.prefill_chunk)
+        if not self._grow(lane, end):
+            self._finish(lane, "length")
+            return
+        due = lane.taps_due(start, end)
+        for frontier in (p for p in due if p == start):
+            self._take_tap(lane, frontier)
+        ticket, tail_copy = lane.restore, lane.tail_copy
+        lane.restore = lane.tail_copy = None
+        tokens = lane.tokens[start:end]
+        final = end == lane.prompt_len
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, final
+        )
+        lane.computed = end
+        self.counters.prefill_tokens += end - start
+        for frontier in (p for p in due if p > start):
+            self._take_tap(lane, frontier)
+        self._commit(lane)
+        if final:
+            lane.request.phase = Phase.DECODE
+            self._accept_sample(lane, result)
+
+    def _prefill_compute(
+        self, lane: LaneState, tokens, start, ticket, tail_copy, final
+    ) -> SampleResult | None:
+        """Compute thread: wait for the restore prelude, copy the tail, run the pass (waiting per layer)."""
+        runtime = self.runtime
+        hook = None
+        if ticket is not None:
+            ticket.prelude.wait_blocking()
+            layers = ticket.layers
+
+            def hook(layer: int) -> None:
+                event = layers.get(layer)
+                if event is not None:
+                    event.wait_blocking()
+
+        if tail_copy is not None:
+            self._copy_page_prefix(tail_copy)
+        logits = runtime.model.prefill(
+            tokens, start, lane.block_table, lane.slot, runtime.kv, runtime.states, layer_hook=hook
+        )
+        if not final:
+            return None
+        return sample(logits[None, :], [lane.request.sampling], [lane.sampler])[0]
+
+    async def _decode_round(self, lanes: list[LaneState]) -> None:
+        ready = []
+        for lane in lanes:
+            if self._grow(lane, lane.computed + 1):
+                ready.append(lane)
+            else:
+                self._finish(lane, "length")  # bounded completion: the pool cannot extend
+        if not ready:
+            return
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self.compute, self._decode_compute, ready)
+        for lane, result in zip(ready, results):
+            lane.computed += 1
+            if lane.computed % BLOCK_TOKENS == 0:
+                self._commit(lane)
+            self._accept_sample(lane, result)
+
+    def _decode_compute(self, lanes: list[LaneState]) -> list[SampleResult]:
+        runtime = self.runtime
+        logits = runtime.model.decode(
+            [lane.tokens[lane.computed] for lane in lanes],
+            [lane.computed for lane in lanes],
+            [lane.block_table for lane in lanes],
+            [lane.slot for lane in lanes],
+            runtime.kv,
+            runtime.states,
+        )
+        return sample(logits, [lane.request.sampling for lane in lanes], [lane.sampler for lane in lanes])
+
+    def _grow(self, lane: LaneState, end: int) -> bool:
+        """Make the block table cover positions below `end`, evicting device cache (§9.5)."""
+        need = lane.pages_needed(end)
+        if need == 0:
+            return True
+        pages = self.cache.allocate_growth_pages(lane.lane_id, need)
+        if pages is None:
+            return False
+        lane.block_table.extend(pages)
+        return True
+
+    # -- sampling and outputs ---------------------------------------------------------------------
+    def _accept_sample(self, lane: LaneState, result: SampleResult) -> None:
+        request = lane.request
+        params = request.sampling
+        token = result.token_id
+        lane.sampler.record(token)
+        lane.tokens.append(token)
+        if request.first_token_at is None:
+            request.first_token_at = time.monotonic()
+        logprobs = None
+        if params.logprobs:
+            logprobs = (TokenLogprob(token, result.logprob, tuple(result.top_logprobs)),)
+        reason = None
+        if (not params.ignore_eos and is_stop(token, params, self._eos)) or token in params.stop_token_ids:
+            reason = "stop"
+        elif lane.generated >= params.max_tokens or len(lane.tokens) >= self.engine.max_model_len:
+            reason = "length"
+        if reason is None:
+            request.emit(RequestOutput(request_id=request.id, token_ids=(token,), logprobs=logprobs))
+        else:
+            self._finish(lane, reason, (token,), logprobs)
+
+    # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
+    def _take_tap(self, lane: LaneState, frontier: int) -> None:
+        result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
+        if result.slot is None:
+            lane.taps_skipped += 1
+            return
+        self.runtime.states.copy_slot(lane.slot, result.slot)
+        lane.taps_taken += 1
+
+    def _commit(self, lane: LaneState) -> None:
+        prompt = lane.request.prompt
+        committed = lane.tokens[: lane.computed]
+        extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
+        self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
+        self._apply_publication(self.cache.publish_ready_taps(lane.lane_id, committed))
+
+    def _apply_publication(self, result: PublishResult) -> None:
+        for tap in result.published:
+            if tap.tail_copy is not None:
+                self._copy_page_prefix(tap.tail_copy)
+        self._write_through(result.write)
+
+    def _copy_page_prefix(self, copy: PageCopy) -> None:
+        with torch.inference_mode():
+            for plane in self.runtime.kv.planes():
+                plane[copy.dst][: copy.tokens].copy_(plane[copy.src][: copy.tokens])
+
+    def _write_through(self, plan: HostWritePlan | None) -> None:
+        if plan is None:
+            return
+        transfers = self.runtime.transfers
+        stream = self.runtime.backend.transfer_stream
+        pages = [(b.page, b.slab) for b in plan.blocks] + [(t.page, t.slab) for t in plan.tails]
+        transfers.write_pages(stream, pages)
+        for image in plan.images:
+            transfers.write_image(stream, ImageCopy(image.slot, image.slabs))
+        geometry = self.runtime.geometry
+        self.counters.written_bytes += (
+            len(pages) * geometry.slab_bytes + len(plan.images) * geometry.image_bytes
+        )
+        self._watch(stream.record_event(), lambda batch=plan.batch: self.cache.host_write_done(batch))
+
+    def _watch(self, event: DeviceEvent, on_done: Callable[[], None]) -> None:
+        """Await `event` off the worker; apply `on_done` on the worker once it lands."""
+
+        async def wait() -> None:
+            try:
+                await event.wait()
+            except DeviceError as error:
+                self.post(lambda failure=error: self._device_failed(failure))
+                return
+            self.post(on_done)
+
+        task = asyncio.ensure_future(wait())
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+
+    def _device_failed(self, error: DeviceError) -> None:
+        raise error  # raised on the worker: the engine-wide failure path (§6.5 Failure)
+
+    async def drain_transfers(self) -> None:
+        """Wait for every outstanding transfer, then apply their completions."""
+        while self._waits:
+            await asyncio.gather(*list(self._waits), return_exceptions=True)
+        try:
+            self._drain_inbox()
+        except DeviceError:
+            log.exception("a transfer failed while stopping")
+
+    # -- finish, cancel, stop (§7.7) --------------------------------------------------------------
+    def _finish(
+        self,
+        lane: LaneState,
+        reason: str,
+        last_tokens: tuple[int, ...] = (),
+        logprobs: tuple[TokenLogprob, ...] | None = None,
+        error: RequestError | None = None,
+    ) -> None:
+        request = lane.request
+        if lane.restore is not None:  # released before its first pass: its slot may still be a destination
+            lane.restore.done.wait_blocking()
+        committed = lane.tokens[: lane.computed]
+        prompt = request.prompt
+        extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
+        if reason == "cancelled" or error is not None:
+            result: FinishResult = self.cache.cancel(lane.lane_id, committed)
+        else:
+            result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras)
+        self._apply_publication(result.taps)
+        self._write_through(result.write)
+        del self.lanes[lane.lane_id]
+        self.free_lanes.append(lane.lane_id)
+        request.phase = Phase.DONE
+        accounting = self._final_accounting(lane)
+        self.counters.finished(accounting)
+        if error is not None:
+            request.fail(error)
+            return
+        request.emit(
+            RequestOutput(
+                request_id=request.id,
+                token_ids=last_tokens,
+                logprobs=logprobs,
+                finished=True,
+                finish_reason=reason,  # type: ignore[arg-type]
+                accounting=accounting,
+            )
+        )
+
+    def _final_accounting(self, lane: LaneState) -> RequestAccounting:
+        start = lane.accounting
+        return RequestAccounting(
+            prompt_tokens=start.prompt_tokens,
+            reuse_tokens=start.reuse_tokens,
+            cached_prefix_tokens=start.cached_prefix_tokens,
+            restored_host_bytes=start.restored_host_bytes,
+            source=start.source,
+            prefill_tokens=min(lane.computed, lane.prompt_len) - lane.base,
+            output_tokens=lane.generated,
+            taps_taken=lane.taps_taken,
+            taps_skipped=lane.taps_skipped,
+        )
+
+    def _cancel(self, request_id: str) -> None:
+        for request in self.queue:
+            if request.id == request_id and not request.cancelled:
+                request.cancelled = True
+                request.phase = Phase.DONE
+                request.emit(RequestOutput(request_id=request_id, finished=True, finish_reason="cancelled"))
+                return
+        for lane in list(self.lanes.values()):
+            if lane.request.id == request_id:
+                self._finish(lane, "cancelled")
+                return
+
+    def _shutdown(self) -> None:
+        unavailable = RequestError("unavailable", "the server is stopping")
+        while self.queue:
+            request = self.queue.popleft()
+            if not request.cancelled:
+                request.fail(unavailable)
+        for lane in list(self.lanes.values()):
+            self._finish(lane, "cancelled", error=unavailable)
+
+    def _fail_everything(self, error: RequestError) -> None:
+        self.stopping = True
+        while self.queue:
+            self.queue.popleft().fail(error)
+        for lane in list(self.lanes.values()):
+            del self.lanes[lane.lane_id]
+            lane.request.fail(error)
+            try:
+                if LaneId(lane.lane_id) in self.cache.index.lanes:
+                    self.cache.release(lane.lane_id)
+            except Exception:
+                log.exception("could not release lane %d", lane.lane_id)

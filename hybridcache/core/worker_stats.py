@@ -1,0 +1,51 @@
+"""Engine counters for metrics: hits, misses, reused tokens by source, bytes moved. Not cache state."""
+
+from __future__ import annotations
+
+from hybridcache.core.api import RequestAccounting
+
+
+class WorkerCounters:
+    """Mutated by the worker only; read as a dict snapshot."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+        self.query_tokens = 0
+        self.reused_tokens = {"device": 0, "host": 0}
+        self.restored_bytes = 0
+        self.written_bytes = 0
+        self.prefill_tokens = 0
+        self.output_tokens = 0
+        self.requests_finished = 0
+        self.taps_taken = 0
+        self.taps_skipped = 0
+
+    def admitted(self, accounting: RequestAccounting) -> None:
+        self.queries += 1
+        self.query_tokens += accounting.prompt_tokens
+        if accounting.reuse_tokens > 0 and accounting.source != "root":
+            self.hits += 1
+            self.reused_tokens[accounting.source] += accounting.reuse_tokens
+        self.restored_bytes += accounting.restored_host_bytes
+
+    def finished(self, accounting: RequestAccounting) -> None:
+        self.requests_finished += 1
+        self.output_tokens += accounting.output_tokens
+        self.taps_taken += accounting.taps_taken
+        self.taps_skipped += accounting.taps_skipped
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prefix_cache_queries": self.queries,
+            "prefix_cache_hits": self.hits,
+            "prefix_cache_query_tokens": self.query_tokens,
+            "cached_tokens": dict(self.reused_tokens),
+            "restored_host_bytes": self.restored_bytes,
+            "written_host_bytes": self.written_bytes,
+            "prefill_tokens": self.prefill_tokens,
+            "output_tokens": self.output_tokens,
+            "requests_finished": self.requests_finished,
+            "taps_taken": self.taps_taken,
+            "taps_skipped": self.taps_skipped,
+        }

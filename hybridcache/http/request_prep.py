@@ -1,0 +1,115 @@
+"""Shared request preparation: decode a body, build `SamplingParams`, check the context, run the frontend.
+
+Every function raises `ApiError` (400 for a bad field, naming it; 413 is aiohttp's) and mutates nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from hybridcache.core.api import PreparedPrompt
+from hybridcache.core.sampling_params import SamplingParams
+from hybridcache.core.tokenizer import FrontendError, Tokenizer
+from hybridcache.http.errors import ApiError, bad_request, from_validation_error
+from hybridcache.http.output_parser import THINK_OPEN
+
+Body = TypeVar("Body")
+_TAIL_TOKENS = 8
+
+
+async def decode_body(request: web.Request, body_type: type[Body]) -> Body:
+    """The request body decoded as `body_type`. Raises ApiError 400 (malformed JSON, wrong types) or
+    413 (larger than the server's limit)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as error:
+        raise ApiError(413, f"Request body too large: {error.text}", "too_large") from error
+    if not raw:
+        raise bad_request("Request body is empty; expected a JSON object.")
+    try:
+        return msgspec.json.decode(raw, type=body_type)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise from_validation_error(error) from error
+
+
+def build_sampling(rename: dict[str, str] | None = None, **fields: Any) -> SamplingParams:
+    """`SamplingParams` from request fields (None means "use the default").
+
+    Raises ApiError 400 naming the field at fault; `rename` maps our field names to the request's own
+    (``max_tokens`` -> ``max_completion_tokens``).
+    """
+    given = {name: value for name, value in fields.items() if value is not None}
+    if isinstance(given.get("stop_token_ids"), list):
+        given["stop_token_ids"] = tuple(given["stop_token_ids"])
+    try:
+        return SamplingParams(**given)
+    except ValueError as error:
+        field = str(error).split(":", 1)[0]
+        param = (rename or {}).get(field, field)
+        raise bad_request(f"{param}{str(error)[len(field):]}", param) from error
+
+
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int,
+                       param: str = "max_tokens") -> int:
+    """The output budget: `requested`, or the rest of the context when None.
+
+    Raises ApiError 400 when `requested` < 1, or the prompt plus the budget exceeds `max_model_len`.
+    """
+    if requested is not None and requested < 1:
+        raise bad_request(f"{param}: must be >= 1, got {requested}", param)
+    budget = requested if requested is not None else max_model_len - prompt_tokens
+    if prompt_tokens + max(budget, 1) > max_model_len:
+        wanted = f"{prompt_tokens + budget} tokens ({prompt_tokens} in the prompt, {budget} for the output)" \
+            if requested is not None else f"{prompt_tokens} tokens in the prompt"
+        raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, you "
+                          f"requested {wanted}. Please reduce the length of the prompt or the {param}.",
+                          "messages" if requested is None else param, "context_length_exceeded")
+    return budget
+
+
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The stop strings of a request field (a string or a list). Pure."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def check_single_choice(n: int) -> None:
+    """Raises ApiError 400 unless n == 1 (one choice per request is all this server generates)."""
+    if n != 1:
+        raise bad_request(f"n: only n=1 is supported, got {n}", "n")
+
+
+async def prepare(call: Callable[..., PreparedPrompt], *args: Any, **kwargs: Any) -> PreparedPrompt:
+    """Run a frontend call off the event loop. Raises ApiError 400 when the frontend rejects the input."""
+    try:
+        return await asyncio.to_thread(call, *args, **kwargs)
+    except FrontendError as error:
+        raise bad_request(error.message) from error
+    except ValueError as error:
+        raise bad_request(str(error)) from error
+
+
+def prompt_opens_reasoning(tokenizer: Tokenizer, prompt: PreparedPrompt) -> bool:
+    """True when the prompt ends inside an open ``<think>`` block (the output starts as reasoning). Pure."""
+    tail = tokenizer.decode(prompt.token_ids[-_TAIL_TOKENS:], skip_special_tokens=False)
+    return tail.rstrip().endswith(THINK_OPEN)
+
+
+def new_request_id(prefix: str) -> str:
+    """A fresh id such as ``chatcmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def connection_probe(request: web.Request) -> Callable[[], bool]:
+    """A callable that says whether the client's connection is still open. Pure."""
+    def is_connected() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+    return is_connected
