@@ -98,8 +98,10 @@ class PublicationCalls(_Base):
     def _publish_tap(self, la: Lane, position: int, tokens: Sequence[int]) -> PublishedTap | int | None:
         index = self.index
         full, tail_len = divmod(position, BLOCK_TOKENS)
-        if len(la.path) < full + (tail_len > 0) or len(tokens) < position:
+        if len(la.path) < full or len(tokens) < position:
             return None  # anchor blocks not committed yet
+        # A tail (p % 64 != 0) is copied from the lane's own page for block p/64, whose first p % 64
+        # rows are computed: the block itself need not be complete (the exact prompt-tail tap at n-1).
         anchor = la.path[full - 1] if full else index.root
         tail = tuple(tokens[full * BLOCK_TOKENS : position])
         tap = la.pending_taps[position]

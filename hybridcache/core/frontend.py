@@ -8,6 +8,7 @@ ends of messages carrying a client cache breakpoint (explicit). Pure with respec
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,13 @@ def salt_key(cache_salt: str | None) -> int:
 class Frontend:
     """Prepares prompts for one checkpoint's tokenizer and chat template. Holds no request state."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, max_model_len: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, template: ChatTemplate | None, max_model_len: int, vocab_size: int = 0
+    ) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.max_model_len = max_model_len
+        self.vocab_size = max(vocab_size, tokenizer.vocab_size)  # the model's (padded) vocabulary
         self._message_start = tokenizer.token_to_id(MESSAGE_START)
 
     @classmethod
@@ -48,7 +52,7 @@ class Frontend:
             template = ChatTemplate.from_dir(model_dir)
         except FrontendError:
             template = None
-        return cls(tokenizer, template, max_model_len)
+        return cls(tokenizer, template, max_model_len, _model_vocab_size(Path(model_dir)))
 
     def render_chat(
         self,
@@ -103,7 +107,7 @@ class Frontend:
         self, token_ids: Sequence[int], cache_salt: str | None = None, prefix_reuse: bool = True
     ) -> PreparedPrompt:
         """A raw token prompt (hints: its message starts, if it uses the chat format)."""
-        vocab = self.tokenizer.vocab_size
+        vocab = self.vocab_size
         for token in token_ids:
             if not 0 <= token < vocab:
                 raise FrontendError(f"token id {token} is outside the vocabulary (0..{vocab - 1})")
@@ -154,6 +158,17 @@ class Frontend:
     def _opener_hint(self, token_ids: Sequence[int]) -> list[tuple[int, int]]:
         starts = self._message_starts(token_ids)
         return [(starts[-1], int(HintKind.OPENER))] if starts and starts[-1] > 0 else []
+
+
+def _model_vocab_size(model_dir: Path) -> int:
+    """`vocab_size` of config.json (or its text_config); 0 when unreadable (the tokenizer's then counts)."""
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    text = raw.get("text_config") or raw
+    size = text.get("vocab_size", raw.get("vocab_size", 0))
+    return size if isinstance(size, int) else 0
 
 
 def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
