@@ -25,6 +25,7 @@ from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
 from hybridcache.logs import get_logger
+from hybridcache.persistence.event_sink import open_journal
 
 log = get_logger(__name__)
 
@@ -49,7 +50,15 @@ class Engine:
                 (*Tokenizer.from_dir(self.model_dir).eos_token_ids, *self.runtime.model.config.eos_token_ids)
             )
         )
-        self.cache = Cache(self.runtime.geometry, CacheCostModel.default())
+        self.journal = None
+        if options.cache.event_log is not None:
+            self.journal = open_journal(
+                options.cache.event_log,
+                str(self.model_dir.resolve()),
+                self.runtime.geometry,
+                {"prefill_chunk": options.prefill_chunk, "max_concurrency": options.max_concurrency},
+            )
+        self.cache = Cache(self.runtime.geometry, CacheCostModel.default(), journal=self.journal)
         self.debug_integrity = debug_integrity
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridcache-compute")
         self._ids = itertools.count(1)
@@ -80,6 +89,9 @@ class Engine:
         await asyncio.gather(self._task, return_exceptions=True)
         await self._worker.drain_transfers()
         self._compute.shutdown(wait=True)
+        if self.journal is not None:
+            self.cache.checkpoint()
+            self.journal.writer.close()
         self.runtime.close()
 
     # -- requests -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from hybridcache.gpu.backend import DeviceError, DeviceEvent
 from hybridcache.gpu.sampler import LaneSamplingState, SampleResult, is_stop, sample
 from hybridcache.gpu.transfers import ImageCopy
 from hybridcache.logs import get_logger
+from hybridcache.persistence.event_sink import CHECKPOINT_EVERY_EVENTS
 
 if TYPE_CHECKING:
     from hybridcache.core.engine import Engine
@@ -77,6 +78,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._waits: set[asyncio.Task[None]] = set()
         self._last_was_decode = False
+        self._checkpointed_at = 0
         self._next_prefill = 0
         self._generator = torch.Generator().manual_seed(0)
         cache_options = self.options.cache
@@ -119,6 +121,7 @@ class Worker:
                     await self._idle()
                     continue
                 await unit
+                self._maybe_checkpoint()
                 if self.engine.debug_integrity:
                     check_integrity(self.cache.index)
         except Exception as error:
@@ -126,6 +129,13 @@ class Worker:
             self._fail_everything(RequestError("internal", f"the engine failed: {error}"))
             raise
         self._shutdown()
+
+    def _maybe_checkpoint(self) -> None:
+        """With an event log, record the index digest every few thousand events (replay proves it)."""
+        journal = self.engine.journal
+        if journal is not None and journal.events - self._checkpointed_at >= CHECKPOINT_EVERY_EVENTS:
+            self.cache.checkpoint()
+            self._checkpointed_at = journal.events
 
     def _drain_inbox(self) -> None:
         while self._inbox:
