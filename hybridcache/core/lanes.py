@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 from hybridcache.cache.facade_results import PageCopy
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
 from hybridcache.cache.tap_planner import Placement, PlannedTap
@@ -46,6 +48,11 @@ class LaneState:
         self.accounting = accounting
         self.taps_taken = 0
         self.taps_skipped = 0
+
+    def add_exact_tap(self, position: int, boundary: bool) -> None:
+        """Plan one more exact tap (a coalescing target, §12.2). Mutates the plan."""
+        bisect.insort(self.exact_taps, position)
+        self.boundary[position] = boundary
 
     @property
     def generated(self) -> int:

@@ -49,6 +49,15 @@ OUTPUT_WINDOW_TOKENS = 512  # pages reserved at admission for the answer; more a
 SOURCE_NAMES = {SourceKind.ROOT: "root", SourceKind.DEVICE: "device", SourceKind.HOST: "host"}
 
 
+def common_prefix_length(a, b) -> int:
+    """Length of the longest common prefix of two token sequences (exact comparison). Pure."""
+    length = min(len(a), len(b))
+    for i in range(length):
+        if a[i] != b[i]:
+            return i
+    return length
+
+
 class ConstantExtras:
     """The same extra key for every block (a request's cache salt covers its generated blocks too)."""
 
@@ -180,6 +189,8 @@ class Worker:
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:
             request.fail(RequestError("too_long", "the request can never fit in the device KV pool"))
             return True
+        if enabled and self._wait_for_sibling(request, quote.reuse_tokens):
+            return False
         lane_id = self.free_lanes.pop()
         staged = self.cache.stage(quote, lane_id)
         index_lane = self.cache.index.lanes[LaneId(lane_id)]
@@ -235,6 +246,31 @@ class Worker:
         self.counters.admitted(accounting)
         request.emit(RequestOutput(request_id=request.id, accounting=accounting))
         return True
+
+    def _wait_for_sibling(self, request: Request, reuse_tokens: int) -> bool:
+        """In-flight prefix coalescing (§12.2): True when a lane still prefilling shares more of this
+        prompt than the cache serves now; that lane then gets an exact tap at the divergence (or keeps a
+        deeper planned one), and this head waits in the FIFO until the snapshot publishes."""
+        prompt = request.prompt
+        limit = prompt.num_tokens - 1
+        waiting = False
+        for lane in self.lanes.values():
+            sibling = lane.request.prompt
+            if lane.request.phase is not Phase.PREFILL or not sibling.prefix_reuse:
+                continue
+            if sibling.extra_key != prompt.extra_key:
+                continue
+            shared = min(common_prefix_length(prompt.token_ids, sibling.token_ids), limit)
+            target = shared // BLOCK_TOKENS * BLOCK_TOKENS
+            planned = [p for p in lane.exact_taps if p <= shared]
+            if planned and max(planned) >= target:
+                target = max(planned)
+            if target < reuse_tokens + BLOCK_TOKENS or lane.computed >= target:
+                continue  # saves less than a block, or the sibling is past it (its snapshots are quoted)
+            if target not in lane.exact_taps:
+                lane.add_exact_tap(target, boundary=True)
+            waiting = True
+        return waiting
 
     def _path_frontiers(self, lane_id: int) -> list[int]:
         """Frontiers of the snapshots already on the lane's matched path (taps dedup against them)."""

@@ -222,3 +222,19 @@ async def test_stop_fails_running_and_queued_requests_as_unavailable(
         assert caught.value.kind == "unavailable"
     engine.check_integrity()
     assert not engine.cache.index.lanes
+
+
+async def test_identical_prompts_arriving_together_prefill_the_shared_prefix_once(
+    micro_checkpoint: Path, frontend: Frontend
+):
+    engine = await start_engine(micro_checkpoint, lanes=8, pages=1024, chunk=256, host_cache_mib=64)
+    try:
+        tokens = filler_tokens(1500, seed=140)
+        results = await asyncio.gather(
+            *(generate(engine, frontend.prepare_tokens(tokens), 4) for _ in range(8))
+        )
+        assert len({tuple(r.tokens) for r in results}) == 1
+        assert sorted(r.accounting.reuse_tokens for r in results)[1:] == [len(tokens) - 1] * 7
+        assert engine.stats()["prefill_tokens"] == len(tokens) + 7  # one prefill, then one token each
+    finally:
+        await engine.stop()
