@@ -38,8 +38,10 @@ from hybridcache.cache.host_eviction import (
 )
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SnapshotId
 from hybridcache.cache.index import PrefixIndex
-from hybridcache.cache.match import PromptInput, Quote, Readiness, quote
-from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot
+from hybridcache.cache.match import PromptInput, Quote, Readiness, match, quote, source_options
+from hybridcache.cache.records import BlockNode, Lane, LaneId, LruList, Residency, Snapshot
+
+PREFETCH_MAX_BLOCKS = 256  # one prefetch batch (§6.6: about 550 MB of 27B INT8 KV)
 
 
 class CacheStats:
@@ -234,6 +236,50 @@ class Cache(PublicationCalls):
             restore,
             quoted.restored_host_bytes,
         )
+
+    def prefetch(
+        self, prompt: PromptInput, max_blocks: int = PREFETCH_MAX_BLOCKS, keep_free: int = 0
+    ) -> RestorePlan | None:
+        """§6.6: for a blocked FIFO head, copy up to ``max_blocks`` host-only path blocks of the source
+        admission would choose into device pages: free ones (leaving ``keep_free``), then host-backed
+        cached pages, least recently used first, never one on the head's own path. One lane-less restore
+        batch: the blocks are Filling until ``restore_done``, then ordinary cached blocks at the MRU end.
+        Never drops a last copy. Mutates; None when there is nothing to copy or no room."""
+        index = self.index
+        if not prompt.enabled:
+            return None
+        found = match(index, prompt)
+        best, _ = source_options(index, found, prompt, self.cost)
+        wanted = [n for n in best.host_only_nodes if n.device_state == Residency.ABSENT][:max_blocks]
+        if not wanted:
+            return None
+        shortfall = len(wanted) - (index.num_free_pages - keep_free)
+        if shortfall > 0:
+            self._drop_backed_copies(shortfall, protected={id(n) for n in found.path})
+        room = max(0, index.num_free_pages - keep_free)
+        nodes = wanted[:room]
+        if not nodes:
+            return None
+        pages = index.pages.peek_free(len(nodes))
+        assert pages is not None
+        batch = index.next_batch_id
+        self._apply(ev.RestoreOpened(0, batch, None, tuple(n.id for n in nodes), tuple(pages)))
+        blocks = tuple(SlabToPage(n.host_slab, n.device_page) for n in nodes)  # type: ignore[arg-type]
+        return RestorePlan(batch, blocks, None, ())
+
+    def _drop_backed_copies(self, count: int, protected: set[int]) -> None:
+        """Drop up to ``count`` host-backed device copies (LRU first), skipping ``protected`` entries."""
+        nodes: list[int] = []
+        tails: list[int] = []
+        for entry in self.index.lru.iter_lru_first(LruList.BACKED):
+            if len(nodes) + len(tails) == count:
+                break
+            if id(entry) in protected:
+                continue
+            (tails if isinstance(entry, Snapshot) else nodes).append(entry.id)  # type: ignore[attr-defined]
+        if nodes or tails:
+            self.stats.evicted_device_events += 1
+            self._apply_valued([ev.DeviceCopiesDropped(0, tuple(nodes), tuple(tails))])
 
     def activate(self, lane: int) -> None:
         """The engine enqueued the fork: drop the staging pin on the source snapshot. Mutates."""

@@ -88,6 +88,10 @@ class Worker:
         self._waits: set[asyncio.Task[None]] = set()
         self._last_was_decode = False
         self._checkpointed_at = 0
+        self._prefetch_in_flight = False
+        self._prefetch_head: Request | None = None
+        self._prefetch_room = 0
+        self._prefetch_copied = False
         self._next_prefill = 0
         self._generator = torch.Generator().manual_seed(0)
         cache_options = self.options.cache
@@ -173,17 +177,49 @@ class Worker:
                 self.queue.popleft()
                 continue
             if not self._try_admit(request):
-                return  # the FIFO head is blocked; nothing overtakes it (§6.3)
+                break  # the FIFO head is blocked; nothing overtakes it (§6.3)
             self.queue.popleft()
+        if self.queue and not self.queue[0].cancelled:
+            self._prefetch_for(self.queue[0])
 
-    def _try_admit(self, request: Request) -> bool:
+    def _prompt_input(self, request: Request) -> PromptInput:
         prompt = request.prompt
         enabled = prompt.prefix_reuse and self.options.cache.prefix_reuse
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         window = min(request.sampling.max_tokens, OUTPUT_WINDOW_TOKENS)
-        quote = self.cache.quote(
-            PromptInput(prompt.token_ids, prompt.block_hashes, extras, (), window, enabled)
+        return PromptInput(prompt.token_ids, prompt.block_hashes, extras, (), window, enabled)
+
+    def _prefetch_for(self, head: Request) -> None:
+        """§6.6: while the head waits, copy its host-only path blocks into spare device pages. One batch at
+        a time; retried for the same head only while the last attempt copied blocks or room grew."""
+        if self._prefetch_in_flight:
+            return
+        room = self.cache.index.num_free_pages
+        if self._prefetch_head is head and not self._prefetch_copied and room <= self._prefetch_room:
+            return
+        keep_free = len(self.lanes)  # one page of growth per running lane stays free
+        plan = self.cache.prefetch(self._prompt_input(head), keep_free=keep_free)
+        self._prefetch_head, self._prefetch_room = head, room
+        self._prefetch_copied = plan is not None
+        if plan is None:
+            return
+        self._prefetch_in_flight = True
+        ticket = self.runtime.transfers.restore(
+            self.runtime.backend.restore_stream, [(b.page, b.slab) for b in plan.blocks]
         )
+        self.counters.prefetched_blocks += len(plan.blocks)
+
+        def landed(batch: int = plan.batch) -> None:
+            self.cache.restore_done(batch)
+            self._prefetch_in_flight = False
+
+        self._watch(ticket.done, landed)
+
+    def _try_admit(self, request: Request) -> bool:
+        prompt = request.prompt
+        prompt_input = self._prompt_input(request)
+        enabled = prompt_input.enabled
+        quote = self.cache.quote(prompt_input)
         if quote.readiness == Readiness.TEMPORARILY_BLOCKED:
             return False
         if quote.readiness == Readiness.PERMANENTLY_INFEASIBLE:

@@ -20,6 +20,7 @@ class WorkerCounters:
         self.requests_finished = 0
         self.taps_taken = 0
         self.taps_skipped = 0
+        self.prefetched_blocks = 0
 
     def admitted(self, accounting: RequestAccounting) -> None:
         self.queries += 1
@@ -48,4 +49,5 @@ class WorkerCounters:
             "requests_finished": self.requests_finished,
             "taps_taken": self.taps_taken,
             "taps_skipped": self.taps_skipped,
+            "prefetched_blocks": self.prefetched_blocks,
         }

@@ -238,3 +238,31 @@ async def test_identical_prompts_arriving_together_prefill_the_shared_prefix_onc
         assert engine.stats()["prefill_tokens"] == len(tokens) + 7  # one prefill, then one token each
     finally:
         await engine.stop()
+
+
+async def test_the_blocked_head_prefetches_its_host_only_blocks(micro_checkpoint: Path, frontend: Frontend):
+    engine = await start_engine(
+        micro_checkpoint, pages=40, lanes=1, host_cache_mib=64, device_snapshot_slots=1
+    )
+    try:
+        prompt = filler_tokens(700, seed=150)
+        cold = await generate(engine, frontend.prepare_tokens(prompt, prefix_reuse=False), 8)
+        await generate(engine, frontend.prepare_tokens(prompt), 4)
+        for seed in range(151, 155):  # push the prompt's blocks off the device (they stay on the host)
+            await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=seed)), 4)
+        busy = asyncio.ensure_future(
+            generate(engine, frontend.prepare_tokens(filler_tokens(100, seed=156)), 200)
+        )
+        await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(generate(engine, frontend.prepare_tokens(prompt), 8))
+        await busy
+        resumed = await waiting
+        assert engine.stats()["prefetched_blocks"] > 0
+        assert resumed.accounting.reuse_tokens >= 640
+        assert resumed.tokens == cold.tokens
+        block_bytes = engine.runtime.geometry.slab_bytes
+        image_bytes = engine.runtime.geometry.image_bytes
+        # most path blocks were already on the device when it was admitted
+        assert resumed.accounting.restored_host_bytes < 4 * block_bytes + image_bytes + block_bytes
+    finally:
+        await engine.stop()
