@@ -19,6 +19,7 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
+from hybridcache.core.cache_report import device_counts, host_tier_composition
 from hybridcache.core.requests import Phase, Request, RequestStream
 from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
@@ -143,6 +144,8 @@ class Engine:
             "taps_skipped_no_slot": self.cache.stats.taps_skipped_no_slot,
             "endpoints_skipped": self.cache.stats.endpoints_skipped,
             "host_tier_capacity_bytes": self.options.cache.host_cache_bytes,
+            "host_tier_bytes": host_tier_composition(index),
+            **device_counts(index),
         }
         if worker is not None:
             stats.update(worker.counters.as_dict())

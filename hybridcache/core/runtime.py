@@ -82,6 +82,8 @@ class ModelRuntime:
         pool = HostSlabPool(self.slab_bytes, max(cache.host_cache_bytes, self.slab_bytes))
         allocate = pinned_allocator if self.device.type == "cuda" else cpu_allocator
         self.host_memory = HostSlabMemory(pool, allocate)
+        if cache.host_tier:
+            self.host_memory.chunk(0)  # a failed host allocation is a startup error naming its size
         self.transfers = Transfers(self.kv, self.states, self.host_memory)
 
     def _num_pages(self, options: EffectiveOptions) -> int:

@@ -84,8 +84,14 @@ def layout(tokenizer: Tokenizer, text: str) -> list[str]:
 
 
 ADDED_NAMES = (
-    "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
 )
 
 
@@ -101,16 +107,30 @@ def checkpoint_without_jinja(source: Path, destination: Path) -> Path:
 def test_system_and_user_render_as_two_turns_and_open_a_thinking_answer(template, tokenizer):
     prompt = template.render([system("Be brief."), user("Hi!")])
     assert layout(tokenizer, prompt) == [
-        "<|im_start|>", "system\nBe brief.", "<|im_end|>", "\n",
-        "<|im_start|>", "user\nHi!", "<|im_end|>", "\n",
-        "<|im_start|>", "assistant\n", "<think>", "\n",
+        "<|im_start|>",
+        "system\nBe brief.",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "user\nHi!",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "assistant\n",
+        "<think>",
+        "\n",
     ]
 
 
 def test_enable_thinking_false_closes_an_empty_reasoning_block(template, tokenizer):
     prompt = template.render([user("Hi!")], enable_thinking=False)
     assert layout(tokenizer, prompt)[-6:] == [
-        "<|im_start|>", "assistant\n", "<think>", "\n\n", "</think>", "\n\n",
+        "<|im_start|>",
+        "assistant\n",
+        "<think>",
+        "\n\n",
+        "</think>",
+        "\n\n",
     ]
 
 
@@ -128,16 +148,36 @@ def test_earlier_reasoning_is_stripped_and_reasoning_after_the_last_query_is_kep
     prompt = template.render(history, add_generation_prompt=False)
     assert "Add them." not in prompt
     assert layout(tokenizer, prompt) == [
-        "<|im_start|>", "user\n2+2?", "<|im_end|>", "\n",
-        "<|im_start|>", "assistant\n4", "<|im_end|>", "\n",
-        "<|im_start|>", "user\nAnd 3+3?", "<|im_end|>", "\n",
-        "<|im_start|>", "assistant\n", "<think>", "\nAdd again.\n", "</think>", "\n\n6", "<|im_end|>", "\n",
+        "<|im_start|>",
+        "user\n2+2?",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "assistant\n4",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "user\nAnd 3+3?",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "assistant\n",
+        "<think>",
+        "\nAdd again.\n",
+        "</think>",
+        "\n\n6",
+        "<|im_end|>",
+        "\n",
     ]
 
 
 def test_reasoning_written_inline_in_the_content_is_parsed_out(template):
-    inline = [user("a"), assistant("<think>\nfirst\n</think>\n\nA"),
-              user("b"), assistant("<think>r</think>B")]
+    inline = [
+        user("a"),
+        assistant("<think>\nfirst\n</think>\n\nA"),
+        user("b"),
+        assistant("<think>r</think>B"),
+    ]
     explicit = [user("a"), assistant("A", reasoning="first"), user("b"), assistant("B", reasoning="r")]
     assert template.render(inline) == template.render(explicit)
     assert "first" not in template.render(inline)
@@ -150,8 +190,9 @@ def test_a_generated_answer_appended_to_its_prompt_re_renders_token_for_token(te
     generated = "Let me think.\n</think>\n\nAnswer.<|im_end|>"
     next_turn = template.render([*history, assistant("Answer.", reasoning="Let me think."), user("More?")])
     assert next_turn.startswith(prompt[: -len("<think>\n")])  # the earlier turn loses its reasoning...
-    follow_up = template.render([*history, assistant("Answer.", reasoning="Let me think.")],
-                                add_generation_prompt=False)
+    follow_up = template.render(
+        [*history, assistant("Answer.", reasoning="Let me think.")], add_generation_prompt=False
+    )
     assert follow_up == prompt + generated + "\n"  # ...but the latest answer renders exactly as generated
     assert tokenizer.encode(follow_up)[: len(tokenizer.encode(prompt))] == tokenizer.encode(prompt)
 
@@ -168,29 +209,57 @@ def test_tools_are_listed_in_the_system_turn_as_json(template):
 def test_tool_calls_and_results_render_as_qwen_does(template, tokenizer):
     conversation = [
         user("Weather in Köln and Bonn?"),
-        assistant("", reasoning="Two cities.", tool_calls=[
-            tool_call("get_weather", {"city": "Köln"}),
-            tool_call("get_weather", '{"city": "Bonn"}'),
-        ]),
+        assistant(
+            "",
+            reasoning="Two cities.",
+            tool_calls=[
+                tool_call("get_weather", {"city": "Köln"}),
+                tool_call("get_weather", '{"city": "Bonn"}'),
+            ],
+        ),
         tool_result("12°C"),
         tool_result("rain"),
     ]
     prompt = template.render(conversation, tools=[WEATHER_TOOL])
     turns = layout(tokenizer, prompt.split("<|im_end|>\n", 2)[2])  # skip the system and user turns
     assert turns == [
-        "<|im_start|>", "assistant\n", "<think>", "\nTwo cities.\n", "</think>", "\n\n",
-        "<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Köln"}}\n', "</tool_call>", "\n",
-        "<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Bonn"}}\n', "</tool_call>",
-        "<|im_end|>", "\n",
-        "<|im_start|>", "user\n", "<tool_response>", "\n12°C\n", "</tool_response>", "\n",
-        "<tool_response>", "\nrain\n", "</tool_response>", "<|im_end|>", "\n",
-        "<|im_start|>", "assistant\n", "<think>", "\n",
+        "<|im_start|>",
+        "assistant\n",
+        "<think>",
+        "\nTwo cities.\n",
+        "</think>",
+        "\n\n",
+        "<tool_call>",
+        '\n{"name": "get_weather", "arguments": {"city": "Köln"}}\n',
+        "</tool_call>",
+        "\n",
+        "<tool_call>",
+        '\n{"name": "get_weather", "arguments": {"city": "Bonn"}}\n',
+        "</tool_call>",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "user\n",
+        "<tool_response>",
+        "\n12°C\n",
+        "</tool_response>",
+        "\n",
+        "<tool_response>",
+        "\nrain\n",
+        "</tool_response>",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "assistant\n",
+        "<think>",
+        "\n",
     ]
 
 
 def test_an_answer_with_text_puts_each_tool_call_on_its_own_line(template):
-    prompt = template.render([user("q"), assistant("Checking.", tool_calls=[tool_call("f", {})])],
-                             add_generation_prompt=False)
+    prompt = template.render(
+        [user("q"), assistant("Checking.", tool_calls=[tool_call("f", {})])], add_generation_prompt=False
+    )
     assert 'Checking.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>' in prompt
 
 

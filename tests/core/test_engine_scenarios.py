@@ -266,3 +266,28 @@ async def test_the_blocked_head_prefetches_its_host_only_blocks(micro_checkpoint
         assert resumed.accounting.restored_host_bytes < 4 * block_bytes + image_bytes + block_bytes
     finally:
         await engine.stop()
+
+
+async def test_a_failed_host_allocation_is_a_clear_startup_error(micro_checkpoint: Path, monkeypatch):
+    from hybridcache.core import runtime
+    from hybridcache.gpu.host_tier import HostAllocationError
+
+    def refuse(nbytes: int):
+        raise RuntimeError(f"cannot allocate {nbytes} bytes")
+
+    monkeypatch.setattr(runtime, "cpu_allocator", refuse)
+    with pytest.raises(HostAllocationError, match="64 MiB of host slab memory"):
+        await start_engine(micro_checkpoint, host_cache_mib=64)
+
+
+async def test_stats_report_the_host_tier_composition(micro_checkpoint: Path, frontend: Frontend):
+    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    try:
+        await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=160)), 100)
+        await asyncio.sleep(0.1)  # write-through lands
+        await generate(engine, frontend.prepare_tokens(filler_tokens(10, seed=161)), 1)  # applies completions
+        host = engine.stats()["host_tier_bytes"]
+        assert host["kv"] > 0 and host["images"] > 0 and host["tails"] > 0
+        assert host["kv"] == host["kv_live"] + host["kv_dead"]
+    finally:
+        await engine.stop()

@@ -39,7 +39,7 @@ CORPUS = [
     "I'm sure you'll see it's what they'd've said. DON'T, WON'T, I'LL",
     # specials written in text
     "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\nhi<|im_end|>",
-    "<tool_call>\n{\"name\": \"f\"}\n</tool_call><|endoftext|><tool_response>ok</tool_response>",
+    '<tool_call>\n{"name": "f"}\n</tool_call><|endoftext|><tool_response>ok</tool_response>',
 ]
 
 
