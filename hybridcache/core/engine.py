@@ -20,7 +20,7 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import device_counts, host_tier_composition
-from hybridcache.core.requests import Phase, Request, RequestStream
+from hybridcache.core.requests import Request, RequestStream
 from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
@@ -154,11 +154,3 @@ class Engine:
     def check_integrity(self) -> None:
         """Rebuild every derived counter of the index and compare (raises IntegrityError)."""
         check_integrity(self.cache.index)
-
-    @property
-    def running(self) -> int:
-        return (
-            0
-            if self._worker is None
-            else sum(1 for r in self._worker.lanes.values() if r.request.phase is not Phase.DONE)
-        )
