@@ -20,7 +20,7 @@ from hybridcache.logs import format_bytes
 
 DEFAULT_CONTEXT = 32768
 CPU_KV_SHARE = 0.25  # --kv-capacity auto on a CPU device: at most this share of physical memory
-CPU_KV_LIMIT_BYTES = 4 << 30
+CPU_KV_LIMIT_BYTES = 2 << 30
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

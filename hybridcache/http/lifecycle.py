@@ -25,6 +25,7 @@ from hybridcache.logs import format_bytes, get_logger, log_ledger, setup_logging
 log = get_logger(__name__)
 EXIT_AT_ONCE_CODE = 130
 STARTUP_ERROR_EXIT = 2
+DEFAULT_MODEL_NAME = "tiny"  # the embedded checkpoint's served name
 
 
 def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tuple[str, object]]:
@@ -78,7 +79,8 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
     log_ledger(log, "hybridcache serve: effective options", startup_ledger(options, server))
     try:
         model_dir = _model_dir(options)
-        engine = Engine(model_dir, options, model_name=server.served_model_name)
+        name = server.served_model_name or (None if options.model else DEFAULT_MODEL_NAME)
+        engine = Engine(model_dir, options, model_name=name)
         frontend = Frontend.from_dir(model_dir, engine.max_model_len)
     except (CheckpointError, FrontendError, OptionError, MemoryError) as error:
         log.error("cannot start: %s", error)
