@@ -41,6 +41,7 @@ class PreparedPrompt(msgspec.Struct, frozen=True, kw_only=True):
     token_ids: tuple[int, ...]
     block_hashes: tuple[int, ...]
     extra_key: int = 0
+    token_bytes: bytes | None = None  # token_ids packed as uint32 LE (fast exact compares in the index)
     tap_hints: tuple[tuple[int, int], ...] = ()
     prefix_reuse: bool = True
 

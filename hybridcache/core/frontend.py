@@ -16,6 +16,7 @@ from typing import Any
 import xxhash
 
 from hybridcache.cache.hashing import block_hashes
+from hybridcache.cache.records import pack_tokens
 from hybridcache.cache.tap_planner import HintKind
 from hybridcache.core.api import PreparedPrompt
 from hybridcache.core.chat_template import ChatTemplate
@@ -138,6 +139,7 @@ class Frontend:
             token_ids=tuple(token_ids),
             block_hashes=tuple(hashes),
             extra_key=extra,
+            token_bytes=pack_tokens(token_ids),
             tap_hints=tuple(unique),
             prefix_reuse=prefix_reuse,
         )

@@ -187,7 +187,9 @@ class Worker:
         enabled = prompt.prefix_reuse and self.options.cache.prefix_reuse
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         window = min(request.sampling.max_tokens, OUTPUT_WINDOW_TOKENS)
-        return PromptInput(prompt.token_ids, prompt.block_hashes, extras, (), window, enabled)
+        return PromptInput(
+            prompt.token_ids, prompt.block_hashes, extras, (), window, enabled, token_bytes=prompt.token_bytes
+        )
 
     def _prefetch_for(self, head: Request) -> None:
         """§6.6: while the head waits, copy its host-only path blocks into spare device pages. One batch at
