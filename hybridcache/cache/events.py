@@ -10,6 +10,8 @@ Schema evolution: fields are append-only; new fields get defaults.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 
@@ -207,6 +209,31 @@ class HostWriteLanded(_Event, frozen=True):
     batch: int
 
 
+class BlockLoaded(_Event, frozen=True):
+    """A block read back from a prefix-cache file (§5.5): a new host-only node under ``parent`` whose
+    bytes are already in ``slab``. Parents are loaded before children."""
+
+    node: int
+    parent: int
+    lookup_hash: int
+    tokens: tuple[int, ...]
+    extra: int
+    slab: int
+
+
+class SnapshotLoaded(_Event, frozen=True):
+    """A snapshot read back from a prefix-cache file (§5.5): retained, host-only, its image (and tail)
+    bytes already in the given slabs, anchored on a loaded (or the root) node."""
+
+    snapshot: int
+    anchor: int
+    kind: int
+    tail_tokens: tuple[int, ...]
+    image_slabs: tuple[int, ...]
+    tail_slab: int | None
+    hits: int = 0
+
+
 CacheEvent = (
     Checkpoint
     | RestoreOpened
@@ -234,15 +261,17 @@ CacheEvent = (
     | SnapshotDeleted
     | HostWriteOpened
     | HostWriteLanded
+    | BlockLoaded
+    | SnapshotLoaded
 )
 
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(CacheEvent)
 
 
-def encode_event(event: CacheEvent) -> bytes:
-    """msgpack bytes of one event (no framing). Pure."""
-    return _ENCODER.encode(event)
+encode_event: Callable[[CacheEvent], bytes] = _ENCODER.encode
+"""msgpack bytes of one event (no framing): ``encode_event(event) -> bytes``. Pure. The encoder's own bound
+method, so journaling an event costs no Python call frame."""
 
 
 def decode_event(data: bytes) -> CacheEvent:

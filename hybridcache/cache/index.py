@@ -17,6 +17,7 @@ from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.hashing import HASH_SEED
 from hybridcache.cache.ids import ROOT_NODE, NodeId, SnapshotId
 from hybridcache.cache.index_lanes import LaneHandlers
+from hybridcache.cache.index_loaded import LoadedHandlers
 from hybridcache.cache.index_snapshots import SnapshotHandlers
 from hybridcache.cache.ledger import DevicePages, StateSlots
 from hybridcache.cache.lru import DeviceLru
@@ -35,11 +36,14 @@ from hybridcache.cache.records import (
 )
 from hybridcache.cache.slab_pool import HostSlabPool
 
-_RESIDENT = Residency.RESIDENT
+# Enum members bound once: reading a member off its Enum class costs ~100 ns in CPython 3.11.
+_RESIDENT, _FILLING = Residency.RESIDENT, Residency.FILLING
 _NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
+_SLOT_FREE = SlotRole.FREE
+_CHECKPOINT = ev.Checkpoint
 
 
-class PrefixIndex(LaneHandlers, SnapshotHandlers):
+class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
     """The whole logical cache state. Read freely; mutate only with ``apply``."""
 
     def __init__(self, geometry: CacheGeometry) -> None:
@@ -48,7 +52,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
         self.cache_epoch = 0  # bumps on every applied event but Checkpoint; quotes carry it
         self.gdsf_l = 0.0
         self.root = BlockNode(ROOT_NODE, None, HASH_SEED, (), 0)
-        self.root.device_state = Residency.RESIDENT
+        self.root.device_state = _RESIDENT
         self.nodes: dict[NodeId, BlockNode] = {ROOT_NODE: self.root}
         self.snapshots: dict[SnapshotId, Snapshot] = {}
         self.snapshot_by_key: dict[tuple[NodeId, tuple[int, ...]], Snapshot] = {}
@@ -96,20 +100,24 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
             ev.SnapshotDeleted: self._apply_snapshot_deleted,
             ev.HostWriteOpened: self._apply_host_write_opened,
             ev.HostWriteLanded: self._apply_host_write_landed,
+            ev.BlockLoaded: self._apply_block_loaded,
+            ev.SnapshotLoaded: self._apply_snapshot_loaded,
         }
 
     # ------------------------------------------------------------------ the one mutator
     def apply(self, event: ev.CacheEvent) -> None:
         """Apply one event. Mutates. Raises EventRejected (index unchanged) when out of sequence or
         inconsistent with the current state."""
-        if event.seq != self.seq + 1:
-            raise EventRejected(f"{type(event).__name__}: seq {event.seq} but the index is at {self.seq}")
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            raise EventRejected(f"unknown event type {type(event).__name__}")
+        seq, kind = event.seq, type(event)
+        if seq != self.seq + 1:
+            raise EventRejected(f"{kind.__name__}: seq {seq} but the index is at {self.seq}")
+        try:
+            handler = self._handlers[kind]
+        except KeyError:
+            raise EventRejected(f"unknown event type {kind.__name__}") from None
         handler(event)  # validates fully before its first mutation
-        self.seq = event.seq
-        if type(event) is not ev.Checkpoint:
+        self.seq = seq
+        if kind is not _CHECKPOINT:
             self.cache_epoch += 1
 
     def _apply_checkpoint(self, event: ev.Checkpoint) -> None:
@@ -132,22 +140,36 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
 
     def node(self, node_id: int) -> BlockNode:
         """The node with this id. Raises EventRejected if absent."""
-        node = self.nodes.get(NodeId(node_id))
+        node = self.nodes.get(node_id)  # type: ignore[call-overload]  # NodeId is an int
         if node is None:
             raise EventRejected(f"node {node_id} does not exist")
         return node
 
     def snapshot(self, snapshot_id: int) -> Snapshot:
-        snap = self.snapshots.get(SnapshotId(snapshot_id))
+        snap = self.snapshots.get(snapshot_id)  # type: ignore[call-overload]
         if snap is None:
             raise EventRejected(f"snapshot {snapshot_id} does not exist")
         return snap
 
     def lane(self, lane_id: int) -> Lane:
-        lane = self.lanes.get(LaneId(lane_id))
+        lane = self.lanes.get(lane_id)  # type: ignore[call-overload]
         if lane is None:
             raise EventRejected(f"lane {lane_id} is not staged")
         return lane
+
+    def _nodes_named(self, node_ids: tuple[int, ...]) -> list[BlockNode]:
+        """The nodes with these ids, in order. Pure; raises EventRejected naming the first absent one."""
+        found = list(map(self.nodes.get, node_ids))  # type: ignore[arg-type]
+        if None in found:
+            raise EventRejected(f"node {node_ids[found.index(None)]} does not exist")
+        return found  # type: ignore[return-value]
+
+    def _snapshots_named(self, snapshot_ids: tuple[int, ...]) -> list[Snapshot]:
+        """The snapshots with these ids, in order. Pure; raises EventRejected naming the first absent one."""
+        found = list(map(self.snapshots.get, snapshot_ids))  # type: ignore[arg-type]
+        if None in found:
+            raise EventRejected(f"snapshot {snapshot_ids[found.index(None)]} does not exist")
+        return found  # type: ignore[return-value]
 
     def path_to(self, node: BlockNode) -> list[BlockNode]:
         """Nodes from block 0 to ``node`` (root excluded). Pure."""
@@ -163,16 +185,17 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
         """Bring ``node``'s LRU and dead-list membership in line with its fields. Mutates."""
         if node.parent is None:
             return
-        unpinned = node.active_refs == 0 and node.restore_pins == 0
-        host_resident = node.host_state is _RESIDENT
-        want = _NONE
-        if unpinned and node.device_state is _RESIDENT:
-            want = _BACKED if host_resident else _UNBACKED
+        want, dead = _NONE, False
+        if not (node.active_refs or node.restore_pins):
+            host_resident = node.host_state is _RESIDENT
+            if node.device_state is _RESIDENT:
+                want = _BACKED if host_resident else _UNBACKED
+            dead = host_resident and node.live_snapshots_below == 0
         if node.lru_list is not want:
             self.lru.remove(node)
             if want is not _NONE:
                 self.lru.push_mru(node, want)
-        if host_resident and unpinned and node.live_snapshots_below == 0:
+        if dead:
             self.dead_nodes[node.id] = node
         else:
             self.dead_nodes.pop(node.id, None)
@@ -187,11 +210,15 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
             if node.host_state is _RESIDENT:
                 self.dead_nodes.pop(node.id, None)
 
-    def _unpin_active(self, node: BlockNode) -> None:
-        """active_refs - 1; at zero the node rejoins the LRU at the MRU end. Mutates."""
-        node.active_refs -= 1
-        if node.active_refs == 0 and node.restore_pins == 0:
-            self._refresh_node(node)
+    def _pin_path(self, path: list[BlockNode], tick: int) -> None:
+        """A staged lane pins every node of its path (§6.4): they leave the LRU and the dead list.
+        Mutates; the caller validated the path."""
+        self.lru.pin_path(path, tick, self.dead_nodes)
+
+    def _unpin_path(self, path: list[BlockNode]) -> None:
+        """A released lane unpins its path; nodes left without pins rejoin the LRU tail-first (§9.1) and,
+        where nothing live is below them, the dead list. Mutates."""
+        self.lru.unpin_path(path, self.dead_nodes)
 
     def _refresh_tail(self, snap: Snapshot) -> None:
         want = _NONE
@@ -203,14 +230,15 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
                 self.lru.push_mru(snap, want)
 
     def _adjust_live_below(self, anchor: BlockNode, delta: int) -> None:
-        """live_snapshots_below += delta from ``anchor`` to the root; only a 0 <-> 1 change can move a
+        """live_snapshots_below += delta (±1) from ``anchor`` to the root; only a 0 <-> 1 change can move a
         node on or off the dead list. Mutates."""
         node: BlockNode | None = anchor
         edge = 1 if delta > 0 else 0
-        while node is not None:
-            node.live_snapshots_below += delta
-            if node.live_snapshots_below == edge:
-                self._refresh_node(node)
+        refresh = self._refresh_node
+        while node is not None:  # one step per block above the anchor: kept to attribute work
+            live = node.live_snapshots_below = node.live_snapshots_below + delta
+            if live == edge:
+                refresh(node)
             node = node.parent
 
     # ------------------------------------------------------------------ structural removal
@@ -227,7 +255,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
             raise EventRejected(f"{what}: the root is never deleted")
         nodes = self._subtree(top)
         for node in nodes:
-            if node.pinned or node.device_state == Residency.FILLING or node.host_state == Residency.FILLING:
+            if node.pinned or node.device_state == _FILLING or node.host_state == _FILLING:
                 raise EventRejected(f"{what}: node {node.id} in the subtree of {top.id} is pinned or filling")
             for snap in node.snapshots:
                 self._check_snapshot_removable(snap, what)
@@ -237,7 +265,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
         if snap.restore_pins > 0:
             raise EventRejected(f"{what}: snapshot {snap.id} is pinned by a transfer or an admission")
         filling = (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
-        if Residency.FILLING in filling:
+        if _FILLING in filling:
             raise EventRejected(f"{what}: snapshot {snap.id} has a copy in flight")
 
     def _delete_subtree(self, top: BlockNode) -> None:
@@ -272,7 +300,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
         if snap.host_slabs:
             self._release_slabs(snap.host_slabs)
         if snap.device_slot is not None:
-            self.slots.set_role(snap.device_slot, SlotRole.FREE, None)
+            self.slots.set_role(snap.device_slot, _SLOT_FREE, None)
         snap.anchor.snapshots.remove(snap)
         del self.snapshot_by_key[(snap.anchor.id, snap.tail_tokens)]
         del self.snapshots[snap.id]
@@ -291,6 +319,17 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
         for slab in slabs:
             del self.slab_owners[slab]
 
+    def _take_free_slabs(self, slabs: list[int], what: str) -> None:
+        """Take ``slabs`` from the host pool, all or nothing. Mutates only on success; raises
+        EventRejected (nothing taken) when there is no host tier or a slab is repeated, out of range or
+        not free. The owners are the caller's to record."""
+        if self.host is None:
+            raise EventRejected(f"{what}: there is no host tier")
+        try:
+            self.host.take(slabs)
+        except ValueError as error:
+            raise EventRejected(f"{what}: {error}") from None
+
     def _check_free_slabs(self, slabs: tuple[int, ...], what: str) -> None:
         if self.host is None:
             raise EventRejected(f"{what}: there is no host tier")
@@ -303,9 +342,9 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers):
     def _check_free_pages(self, pages: tuple[int, ...], what: str) -> None:
         if len(set(pages)) != len(pages):
             raise EventRejected(f"{what}: a page is named twice")
-        for page in pages:
-            if not self.pages.is_free(page):
-                raise EventRejected(f"{what}: page {page} is not free")
+        if not self.pages.all_free(pages):
+            page = next(p for p in pages if not self.pages.is_free(p))
+            raise EventRejected(f"{what}: page {page} is not free")
 
     # ------------------------------------------------------------------ digest
     def digest(self) -> int:

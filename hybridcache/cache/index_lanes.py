@@ -32,12 +32,27 @@ else:
     _Base = object
 
 
+# Enum members bound once: reading a member off its Enum class costs ~100 ns in CPython 3.11.
+_ABSENT = Residency.ABSENT
+_RESIDENT = Residency.RESIDENT
+_FILLING = Residency.FILLING
+_SLOT_FREE = SlotRole.FREE
+_SLOT_ACTIVE = SlotRole.ACTIVE
+_BACKED = LruList.BACKED
+_PAGE_LANE = PageOwnerKind.LANE
+_PAGE_NODE = PageOwnerKind.NODE
+_PAGE_TAIL = PageOwnerKind.TAIL
+_SLAB_NODE = SlabOwnerKind.NODE
+_SLAB_IMAGE = SlabOwnerKind.IMAGE
+_SLAB_TAIL = SlabOwnerKind.TAIL
+
+
 class LaneHandlers(_Base):
     # ------------------------------------------------------------------ staging and restores
     def _apply_lane_staged(self, e: ev.LaneStaged) -> None:
         if LaneId(e.lane) in self.lanes:
             raise EventRejected(f"LaneStaged: lane {e.lane} is already staged")
-        if not 0 <= e.slot < len(self.slots.roles) or self.slots.roles[e.slot] != SlotRole.FREE:
+        if not 0 <= e.slot < len(self.slots.roles) or self.slots.roles[e.slot] != _SLOT_FREE:
             raise EventRejected(f"LaneStaged: slot {e.slot} is not free")
         if not self.slots.can_add_active():
             raise EventRejected("LaneStaged: every active slot is in use")
@@ -45,34 +60,19 @@ class LaneHandlers(_Base):
             raise EventRejected("LaneStaged: a disabled lane starts from the root")
         if len(e.path) != e.base // BLOCK_TOKENS:
             raise EventRejected(f"LaneStaged: base {e.base} needs {e.base // BLOCK_TOKENS} path blocks")
-        nodes = self.nodes
-        path = [nodes.get(n) for n in e.path]  # type: ignore[call-overload]
-        parent = self.root
-        resident = Residency.RESIDENT
-        for node_id, node in zip(e.path, path):
-            if node is None or node.parent is not parent:
-                raise EventRejected(f"LaneStaged: node {node_id} is missing or does not continue the path")
-            if node.device_page is None and node.host_state is not resident:
-                raise EventRejected(f"LaneStaged: node {node.id} has no usable copy")
-            parent = node
+        path = self._resolve_path(e.path)
         source = None
         if e.snapshot is not None:
             source = self.snapshot(e.snapshot)
-            if source.anchor is not parent or source.frontier != e.base:
+            if source.anchor is not (path[-1] if path else self.root) or source.frontier != e.base:
                 raise EventRejected(f"LaneStaged: snapshot {e.snapshot} is not at the end of the path")
         elif e.base != 0:
             raise EventRejected("LaneStaged: a nonzero base needs a snapshot")
         self._check_free_pages(e.private_pages, "LaneStaged")
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
-        self.slots.set_role(e.slot, SlotRole.ACTIVE, e.lane)
-        lru_remove, dead_pop, seq = self.lru.remove, self.dead_nodes.pop, e.seq
-        for node in path:  # the hot loop of admission: _pin_active inlined
-            refs = node.active_refs = node.active_refs + 1
-            node.last_access_tick = seq
-            if refs == 1 and node.restore_pins == 0:
-                lru_remove(node)
-                dead_pop(node.id, None)
+        self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
+        self._pin_path(path, e.seq)
         lane.path = path
         self._grant_pages(lane, e.private_pages)
         if source is not None:
@@ -81,11 +81,29 @@ class LaneHandlers(_Base):
             lane.source = source
             lane.resumed_from = source.id
 
+    def _resolve_path(self, node_ids: tuple[int, ...]) -> list[BlockNode]:
+        """The nodes a staged lane maps, from block 0: each must exist, continue the previous one and have
+        a usable copy. Pure; raises EventRejected naming the first bad node."""
+        path = list(map(self.nodes.get, node_ids))  # type: ignore[arg-type]
+        parent, resident = self.root, _RESIDENT
+        for node in path:  # one pass per admission over ~90 nodes: kept to attribute checks
+            if node is None or node.parent is not parent:
+                break
+            if node.device_page is None and node.host_state is not resident:
+                break
+            parent = node
+        else:
+            return path
+        bad_id = node_ids[path.index(node)]  # the node the loop stopped at (None when missing)
+        if node is None or node.parent is not parent:
+            raise EventRejected(f"LaneStaged: node {bad_id} is missing or does not continue the path")
+        raise EventRejected(f"LaneStaged: node {bad_id} has no usable copy")
+
     def _grant_pages(self, lane: Lane, pages: tuple[int, ...]) -> None:
-        for page in pages:
-            self.pages.assign(page, PageOwnerKind.LANE, lane.id)
-            lane.table.append(PageId(page))
-            lane.private[PageId(page)] = None
+        """Free pages become the lane's private pages, appended to its block table. Mutates."""
+        self.pages.assign_run(pages, _PAGE_LANE, lane.id)
+        lane.table.extend(pages)  # type: ignore[arg-type]  # PageId is an int
+        lane.private.update(dict.fromkeys(pages))  # type: ignore[arg-type]
 
     def _apply_restore_opened(self, e: ev.RestoreOpened) -> None:
         self._check_new_batch(e.batch, "RestoreOpened")
@@ -94,7 +112,7 @@ class LaneHandlers(_Base):
             raise EventRejected("RestoreOpened: one destination page per node")
         nodes = [self.node(n) for n in e.nodes]
         for node in nodes:
-            if node.device_state != Residency.ABSENT or node.host_state != Residency.RESIDENT:
+            if node.device_state != _ABSENT or node.host_state != _RESIDENT:
                 raise EventRejected(f"RestoreOpened: node {node.id} is not host-only")
             if lane is not None and (node.depth >= len(lane.path) or lane.path[node.depth] is not node):
                 raise EventRejected(f"RestoreOpened: node {node.id} is not on lane {e.lane}'s path")
@@ -109,25 +127,25 @@ class LaneHandlers(_Base):
             raise EventRejected("RestoreOpened: a tail or image restore names its snapshot")
         if e.tail_page is not None:
             assert snap is not None
-            if snap.tail_device_state != Residency.ABSENT or snap.tail_host_state != Residency.RESIDENT:
+            if snap.tail_device_state != _ABSENT or snap.tail_host_state != _RESIDENT:
                 raise EventRejected(f"RestoreOpened: snapshot {snap.id}'s tail is not host-only")
         if e.image:
             assert snap is not None
-            if snap.host_state != Residency.RESIDENT:
+            if snap.host_state != _RESIDENT:
                 raise EventRejected(f"RestoreOpened: snapshot {snap.id}'s image is not on the host")
         self.next_batch_id = max(self.next_batch_id, e.batch + 1)
         for node, page in zip(nodes, e.pages):
-            self.pages.assign(page, PageOwnerKind.NODE, node.id)
+            self.pages.assign(page, _PAGE_NODE, node.id)
             node.device_page = PageId(page)
-            node.device_state = Residency.FILLING
+            node.device_state = _FILLING
             node.restore_pins += 1
             self._refresh_node(node)
         if snap is not None:
             snap.restore_pins += 1
             if e.tail_page is not None:
-                self.pages.assign(e.tail_page, PageOwnerKind.TAIL, snap.id)
+                self.pages.assign(e.tail_page, _PAGE_TAIL, snap.id)
                 snap.tail_device_page = PageId(e.tail_page)
-                snap.tail_device_state = Residency.FILLING
+                snap.tail_device_state = _FILLING
             self._refresh_tail(snap)
         batch_lane = None if lane is None else lane.id
         self.restores[e.batch] = RestoreBatch(batch_lane, nodes, snap, e.tail_page is not None, e.image)
@@ -142,13 +160,13 @@ class LaneHandlers(_Base):
             raise EventRejected(f"RestoreLanded: no restore batch {e.batch}")
         del self.restores[e.batch]
         for node in batch.nodes:
-            node.device_state = Residency.RESIDENT
+            node.device_state = _RESIDENT
             node.restore_pins -= 1
             self._refresh_node(node)
         snap = batch.snapshot
         if snap is not None:
             if batch.tail:
-                snap.tail_device_state = Residency.RESIDENT
+                snap.tail_device_state = _RESIDENT
             snap.restore_pins -= 1
             self._refresh_tail(snap)
 
@@ -176,17 +194,13 @@ class LaneHandlers(_Base):
     def _apply_lane_released(self, e: ev.LaneReleased) -> None:
         lane = self.lane(e.lane)
         for tap in lane.pending_taps.values():
-            self.slots.set_role(tap.slot, SlotRole.FREE, None)
+            self.slots.set_role(tap.slot, _SLOT_FREE, None)
         if lane.slot is not None:
-            self.slots.set_role(lane.slot, SlotRole.FREE, None)
+            self.slots.set_role(lane.slot, _SLOT_FREE, None)
         self._drop_source_pin(lane)
         for page in lane.private:
             self.pages.release(page)
-        refresh = self._refresh_node
-        for node in reversed(lane.path):  # deepest first: joins the MRU end first, evicted first
-            node.active_refs -= 1
-            if node.active_refs == 0 and node.restore_pins == 0:
-                refresh(node)
+        self._unpin_path(lane.path)
         for batch in self.restores.values():
             if batch.lane == lane.id:
                 batch.lane = None
@@ -194,42 +208,52 @@ class LaneHandlers(_Base):
 
     # ------------------------------------------------------------------ block commit (§7.6)
     def _committing(self, lane_id: int, what: str) -> tuple[Lane, BlockNode, PageId]:
-        lane = self.lane(lane_id)
+        lane = self.lanes.get(lane_id)  # type: ignore[call-overload]  # self.lane(), inlined: once per block
+        if lane is None:
+            raise EventRejected(f"lane {lane_id} is not staged")
         if not lane.enabled:
             raise EventRejected(f"{what}: lane {lane_id} is disabled (no prefix reuse)")
         if not lane.activated:
             raise EventRejected(f"{what}: lane {lane_id} is not active")
-        block = len(lane.path)
+        path = lane.path
+        block = len(path)
         index = block - lane.base // BLOCK_TOKENS
         if index >= len(lane.table):
             raise EventRejected(f"{what}: lane {lane_id} has no page for block {block}")
-        parent = lane.path[-1] if lane.path else self.root
-        return lane, parent, lane.table[index]
+        return lane, path[-1] if path else self.root, lane.table[index]
 
     def _apply_block_inserted(self, e: ev.BlockInserted) -> None:
         lane, parent, page = self._committing(e.lane, "BlockInserted")
-        if e.node <= 0 or NodeId(e.node) in self.nodes:
-            raise EventRejected(f"BlockInserted: node id {e.node} is in use")
-        if len(e.tokens) != BLOCK_TOKENS:
-            raise EventRejected(f"BlockInserted: {len(e.tokens)} tokens, a block has {BLOCK_TOKENS}")
+        node_id, tokens, lookup_hash = e.node, tuple(e.tokens), e.lookup_hash
+        if node_id <= 0 or node_id in self.nodes:
+            raise EventRejected(f"BlockInserted: node id {node_id} is in use")
+        if len(tokens) != BLOCK_TOKENS:
+            raise EventRejected(f"BlockInserted: {len(tokens)} tokens, a block has {BLOCK_TOKENS}")
         if page not in lane.private:
             raise EventRejected(f"BlockInserted: page {page} is not private to lane {e.lane}")
-        if parent.child(e.lookup_hash, e.tokens, e.extra) is not None:
+        siblings = parent.children.get(lookup_hash)
+        if siblings is not None and parent.child(lookup_hash, tokens, e.extra) is not None:
             raise EventRejected(f"BlockInserted: node {parent.id} already has this child")
-        node = BlockNode(NodeId(e.node), parent, e.lookup_hash, tuple(e.tokens), e.extra)
-        parent.children.setdefault(e.lookup_hash, []).append(node)
+        node = BlockNode(node_id, parent, lookup_hash, tokens, e.extra)  # type: ignore[arg-type]
+        if siblings is None:
+            parent.children[lookup_hash] = [node]
+        else:
+            siblings.append(node)
         self.nodes[node.id] = node
-        self.next_node_id = max(self.next_node_id, e.node + 1)
+        if node_id >= self.next_node_id:
+            self.next_node_id = node_id + 1
         del lane.private[page]
-        self.pages.transfer(page, PageOwnerKind.NODE, node.id)
+        self.pages.transfer(page, _PAGE_NODE, node_id)
         node.device_page = page
-        node.device_state = Residency.RESIDENT
-        self._extend_path(lane, node, e.seq)
+        node.device_state = _RESIDENT
+        node.active_refs = 1  # pinned by the lane from birth: never on the LRU or the dead list
+        node.last_access_tick = e.seq
+        lane.path.append(node)
 
     def _extend_path(self, lane: Lane, node: BlockNode, tick: int) -> None:
+        """The lane pins an existing node as its next block (it leaves the LRU and dead list). Mutates."""
         self._pin_active(node, tick)
         lane.path.append(node)
-        self._refresh_node(node)
 
     def _existing_child(self, parent: BlockNode, node_id: int, what: str) -> BlockNode:
         node = self.node(node_id)
@@ -240,20 +264,20 @@ class LaneHandlers(_Base):
     def _apply_block_adopted(self, e: ev.BlockAdopted) -> None:
         lane, parent, page = self._committing(e.lane, "BlockAdopted")
         node = self._existing_child(parent, e.node, "BlockAdopted")
-        if node.device_state != Residency.ABSENT or node.host_state != Residency.RESIDENT:
+        if node.device_state != _ABSENT or node.host_state != _RESIDENT:
             raise EventRejected(f"BlockAdopted: node {e.node} is not host-only")
         if page not in lane.private:
             raise EventRejected(f"BlockAdopted: page {page} is not private to lane {e.lane}")
         del lane.private[page]
-        self.pages.transfer(page, PageOwnerKind.NODE, node.id)
+        self.pages.transfer(page, _PAGE_NODE, node.id)
         node.device_page = page
-        node.device_state = Residency.RESIDENT
+        node.device_state = _RESIDENT
         self._extend_path(lane, node, e.seq)
 
     def _apply_block_duplicated(self, e: ev.BlockDuplicated) -> None:
         lane, parent, _page = self._committing(e.lane, "BlockDuplicated")
         node = self._existing_child(parent, e.node, "BlockDuplicated")
-        if node.device_state == Residency.ABSENT:
+        if node.device_state == _ABSENT:
             raise EventRejected(f"BlockDuplicated: node {e.node} has no device copy (adopt instead)")
         self._extend_path(lane, node, e.seq)
 
@@ -264,19 +288,19 @@ class LaneHandlers(_Base):
         if len({n.id for n in nodes}) != len(nodes) or len({s.id for s in tails}) != len(tails):
             raise EventRejected("DeviceCopiesDropped: an entry is named twice")
         for entry in (*nodes, *tails):
-            if entry.lru_list != LruList.BACKED:
+            if entry.lru_list != _BACKED:
                 raise EventRejected(f"DeviceCopiesDropped: {entry.id} is not a host-backed LRU entry")
         for node in nodes:
             assert node.device_page is not None
             self.pages.release(node.device_page)
             node.device_page = None
-            node.device_state = Residency.ABSENT
+            node.device_state = _ABSENT
             self._refresh_node(node)
         for snap in tails:
             assert snap.tail_device_page is not None
             self.pages.release(snap.tail_device_page)
             snap.tail_device_page = None
-            snap.tail_device_state = Residency.ABSENT
+            snap.tail_device_state = _ABSENT
             self._refresh_tail(snap)
 
     def _apply_subtree_deleted(self, e: ev.SubtreeDeleted) -> None:
@@ -288,59 +312,67 @@ class LaneHandlers(_Base):
         node = self.node(e.node)
         if NodeId(e.node) not in self.dead_nodes:
             raise EventRejected(f"NodeHostDropped: node {e.node} is not dead KV")
-        if node.device_state == Residency.ABSENT:
+        if node.device_state == _ABSENT:
             self._check_subtree_removable(node, "NodeHostDropped")
             self._delete_subtree(node)
             return
         assert node.host_slab is not None
         self._release_slabs((node.host_slab,))
         node.host_slab = None
-        node.host_state = Residency.ABSENT
+        node.host_state = _ABSENT
         self._refresh_node(node)
 
     # ------------------------------------------------------------------ write-through
     def _apply_host_write_opened(self, e: ev.HostWriteOpened) -> None:
         self._check_new_batch(e.batch, "HostWriteOpened")
-        nodes = [self.node(n) for n in e.nodes]
-        images = [self.snapshot(s) for s in e.images]
-        tails = [self.snapshot(s) for s in e.tails]
+        nodes = self._nodes_named(e.nodes)
+        images = self._snapshots_named(e.images)
+        tails = self._snapshots_named(e.tails)
         if (
             len(e.node_slabs) != len(nodes)
             or len(e.image_slabs) != len(images)
             or len(e.tail_slabs) != len(tails)
         ):
             raise EventRejected("HostWriteOpened: one slab (or slab list) per entry")
-        all_slabs = (*e.node_slabs, *(s for group in e.image_slabs for s in group), *e.tail_slabs)
-        self._check_free_slabs(all_slabs, "HostWriteOpened")
-        if len({n.id for n in nodes}) != len(nodes) or len({s.id for s in images}) != len(images):
+        named_twice = len(set(e.nodes)) != len(nodes) or len(set(e.images)) != len(images)
+        if named_twice or len(set(e.tails)) != len(tails):
             raise EventRejected("HostWriteOpened: an entry is named twice")
+        resident, absent = _RESIDENT, _ABSENT
         for node in nodes:
-            if node.device_state != Residency.RESIDENT or node.host_state != Residency.ABSENT:
+            if node.device_state is not resident or node.host_state is not absent:
                 raise EventRejected(f"HostWriteOpened: node {node.id} is not device-only")
+        image_slabs = self.geometry.image_slabs
         for snap, group in zip(images, e.image_slabs):
-            if snap.device_state != Residency.RESIDENT or snap.host_state != Residency.ABSENT:
+            if snap.device_state is not resident or snap.host_state is not absent:
                 raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s image is not device-only")
-            if len(group) != self.geometry.image_slabs:
-                raise EventRejected(f"HostWriteOpened: an image takes {self.geometry.image_slabs} slabs")
+            if len(group) != image_slabs:
+                raise EventRejected(f"HostWriteOpened: an image takes {image_slabs} slabs")
         for snap in tails:
-            if snap.tail_device_state != Residency.RESIDENT or snap.tail_host_state != Residency.ABSENT:
+            if snap.tail_device_state is not resident or snap.tail_host_state is not absent:
                 raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s tail is not device-only")
+        all_slabs = list(e.node_slabs)
+        for group in e.image_slabs:
+            all_slabs += group
+        all_slabs += e.tail_slabs
+        self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
         self.next_batch_id = max(self.next_batch_id, e.batch + 1)
+        owners, filling = self.slab_owners, _FILLING
         for node, slab in zip(nodes, e.node_slabs):
-            self._take_slabs((slab,), SlabOwnerKind.NODE, node.id)
+            owners[slab] = (_SLAB_NODE, node.id)
             node.host_slab = slab
-            node.host_state = Residency.FILLING
+            node.host_state = filling
             node.restore_pins += 1
-            self._refresh_node(node)
+            self.lru.remove(node)  # pinned: off the LRU; host ABSENT before, so never on the dead list
         for snap, group in zip(images, e.image_slabs):
-            self._take_slabs(group, SlabOwnerKind.IMAGE, snap.id)
+            for slab in group:
+                owners[slab] = (_SLAB_IMAGE, snap.id)
             snap.host_slabs = tuple(group)
-            snap.host_state = Residency.FILLING
+            snap.host_state = filling
             snap.restore_pins += 1
         for snap, slab in zip(tails, e.tail_slabs):
-            self._take_slabs((slab,), SlabOwnerKind.TAIL, snap.id)
+            owners[slab] = (_SLAB_TAIL, snap.id)
             snap.tail_host_slab = slab
-            snap.tail_host_state = Residency.FILLING
+            snap.tail_host_state = filling
             snap.restore_pins += 1
             self._refresh_tail(snap)
         self.host_writes[e.batch] = HostWriteBatch(nodes, images, tails)
@@ -351,14 +383,14 @@ class LaneHandlers(_Base):
             raise EventRejected(f"HostWriteLanded: no write batch {e.batch}")
         del self.host_writes[e.batch]
         for node in batch.nodes:
-            node.host_state = Residency.RESIDENT
+            node.host_state = _RESIDENT
             node.restore_pins -= 1
             self._refresh_node(node)
         for snap in batch.images:
-            snap.host_state = Residency.RESIDENT
+            snap.host_state = _RESIDENT
             snap.restore_pins -= 1
             self._refresh_tail(snap)
         for snap in batch.tails:
-            snap.tail_host_state = Residency.RESIDENT
+            snap.tail_host_state = _RESIDENT
             snap.restore_pins -= 1
             self._refresh_tail(snap)

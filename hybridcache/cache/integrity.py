@@ -231,6 +231,10 @@ def _check_slots(index: PrefixIndex) -> None:
         want = expected.get(slot, (SlotRole.FREE, None))
         if (role, owner) != want:
             _fail(f"slot {slot}: role {role.name} owner {owner}, rebuilt {want[0].name} {want[1]}")
+    recount = Counter(index.slots.roles)
+    for role in SlotRole:
+        if index.slots.role_counts[role] != recount[role]:
+            _fail(f"slot role {role.name}: count {index.slots.role_counts[role]}, rebuilt {recount[role]}")
     if index.slots.num_active > index.slots.max_active:
         _fail(f"{index.slots.num_active} active slots exceed C = {index.slots.max_active}")
     if index.slots.num_snapshot_class > index.slots.max_snapshot:

@@ -2,13 +2,26 @@
 
 Entries are block nodes and snapshot tails (anything with ``LruLinks``). The head of a list is its
 least recently used end; entries join at the MRU end. Owned and mutated only by ``PrefixIndex.apply``.
+
+Lane staging and release move whole paths (about 90 nodes per request on average) off and back onto the
+lists. Those two transitions are the hottest loops of the index, so besides the single-entry
+``push_mru`` / ``remove`` there are ``pin_path`` / ``unpin_path``: one pass per path that does the pin
+counting, the list splicing and the dead-list update together, with the list ends bound to locals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from hybridcache.cache.records import LruLinks, LruList
+from hybridcache.cache.records import LruLinks, LruList, Residency
+
+if TYPE_CHECKING:
+    from hybridcache.cache.ids import NodeId
+    from hybridcache.cache.records import BlockNode
+
+_NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
+_RESIDENT = Residency.RESIDENT
 
 
 class _Sentinel(LruLinks):
@@ -21,50 +34,123 @@ class _Sentinel(LruLinks):
 
 
 class DeviceLru:
-    """Two lists; ``push_mru`` / ``remove`` are O(1). Mutating calls raise ValueError on misuse."""
+    """Two lists; ``push_mru`` / ``remove`` are O(1), the path forms O(len(path)). Mutating calls raise
+    ValueError on misuse."""
 
-    __slots__ = ("_counts", "_sentinels")
+    __slots__ = ("_backed", "_counts", "_unbacked")
 
     def __init__(self) -> None:
-        self._sentinels = {LruList.BACKED: _Sentinel(), LruList.UNBACKED: _Sentinel()}
-        self._counts = {LruList.BACKED: 0, LruList.UNBACKED: 0}
+        self._backed = _Sentinel()
+        self._unbacked = _Sentinel()
+        self._counts = [0, 0, 0]  # indexed by int(LruList); slot 0 (NONE) stays 0
 
     def __len__(self) -> int:
-        return self._counts[LruList.BACKED] + self._counts[LruList.UNBACKED]
+        counts = self._counts
+        return counts[_BACKED] + counts[_UNBACKED]
 
     def count(self, which: LruList) -> int:
         return self._counts[which]
 
+    def _sentinel(self, which: LruList) -> _Sentinel:
+        if which == _BACKED:
+            return self._backed
+        if which == _UNBACKED:
+            return self._unbacked
+        raise ValueError(f"{which!r} is not a device LRU list")
+
     def push_mru(self, entry: LruLinks, which: LruList) -> None:
         """Append ``entry`` at the MRU end of ``which``. Mutates; raises ValueError if already listed."""
-        if entry.lru_list != LruList.NONE:
+        if entry.lru_list is not _NONE:
             raise ValueError("entry is already on a device LRU list")
-        sentinel = self._sentinels[which]
+        sentinel = self._sentinel(which)
         last = sentinel.lru_prev
         assert last is not None
         entry.lru_prev = last
         entry.lru_next = sentinel
         last.lru_next = entry
         sentinel.lru_prev = entry
-        entry.lru_list = which
-        self._counts[which] += 1
+        listed = entry.lru_list = _BACKED if sentinel is self._backed else _UNBACKED  # a member, not an int
+        self._counts[listed] += 1
 
     def remove(self, entry: LruLinks) -> None:
         """Unlink ``entry`` if listed (no-op otherwise). Mutates."""
         which = entry.lru_list
-        if which == LruList.NONE:
+        if which is _NONE:
             return
         prev, nxt = entry.lru_prev, entry.lru_next
         assert prev is not None and nxt is not None
         prev.lru_next = nxt
         nxt.lru_prev = prev
         entry.lru_prev = entry.lru_next = None
-        entry.lru_list = LruList.NONE
+        entry.lru_list = _NONE
         self._counts[which] -= 1
+
+    def pin_path(self, path: Sequence[BlockNode], tick: int, dead: dict[NodeId, BlockNode]) -> None:
+        """A lane maps ``path`` (§6.4): active_refs + 1 and last access = ``tick`` on every node; a node
+        pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
+        Mutates the nodes, the lists and ``dead``; the caller validated the path."""
+        left_backed = left_unbacked = 0
+        for node in path:
+            refs = node.active_refs = node.active_refs + 1
+            node.last_access_tick = tick
+            if refs != 1:
+                continue
+            which = node.lru_list
+            if which is not _NONE:
+                prev, nxt = node.lru_prev, node.lru_next
+                prev.lru_next = nxt  # type: ignore[union-attr]
+                nxt.lru_prev = prev  # type: ignore[union-attr]
+                node.lru_prev = node.lru_next = None
+                node.lru_list = _NONE
+                if which is _BACKED:
+                    left_backed += 1
+                else:
+                    left_unbacked += 1
+            if node.live_snapshots_below == 0:
+                dead.pop(node.id, None)
+        counts = self._counts
+        counts[_BACKED] -= left_backed
+        counts[_UNBACKED] -= left_unbacked
+
+    def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
+        """A lane releases ``path``: active_refs - 1 on every node, deepest first. A node left without
+        pins joins the MRU end of the list its host copy selects, so the path is appended in reverse block
+        order and its deepest block is evicted first (§9.1); with no live snapshot below and a host copy
+        it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
+        backed, unbacked = self._backed, self._unbacked
+        last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
+        joined_backed = joined_unbacked = 0
+        for node in reversed(path):
+            refs = node.active_refs = node.active_refs - 1
+            if refs or node.restore_pins:
+                continue
+            host_resident = node.host_state is _RESIDENT
+            if node.device_state is _RESIDENT:
+                if host_resident:
+                    node.lru_prev = last_backed
+                    last_backed.lru_next = node  # type: ignore[union-attr]
+                    node.lru_list = _BACKED
+                    last_backed = node
+                    joined_backed += 1
+                else:
+                    node.lru_prev = last_unbacked
+                    last_unbacked.lru_next = node  # type: ignore[union-attr]
+                    node.lru_list = _UNBACKED
+                    last_unbacked = node
+                    joined_unbacked += 1
+            if host_resident and node.live_snapshots_below == 0:
+                dead[node.id] = node
+        last_backed.lru_next = backed  # type: ignore[union-attr]
+        backed.lru_prev = last_backed
+        last_unbacked.lru_next = unbacked  # type: ignore[union-attr]
+        unbacked.lru_prev = last_unbacked
+        counts = self._counts
+        counts[_BACKED] += joined_backed
+        counts[_UNBACKED] += joined_unbacked
 
     def iter_lru_first(self, which: LruList) -> Iterator[LruLinks]:
         """Entries of ``which`` from the LRU end. Pure; do not mutate the list while iterating."""
-        sentinel = self._sentinels[which]
+        sentinel = self._sentinel(which)
         entry = sentinel.lru_next
         while entry is not sentinel:
             assert entry is not None

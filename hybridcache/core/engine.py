@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import msgspec
 
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
@@ -25,8 +29,11 @@ from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
-from hybridcache.logs import get_logger
+from hybridcache.logs import Progress, get_logger
 from hybridcache.persistence.event_sink import open_journal
+from hybridcache.persistence.fingerprint import make_fingerprint
+from hybridcache.persistence.load import load_prefix_cache
+from hybridcache.persistence.save import save_prefix_cache
 
 log = get_logger(__name__)
 
@@ -60,6 +67,12 @@ class Engine:
                 {"prefill_chunk": options.prefill_chunk, "max_concurrency": options.max_concurrency},
             )
         self.cache = Cache(self.runtime.geometry, CacheCostModel.default(), journal=self.journal)
+        self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
+        self.save_finished = threading.Event()
+        self._fingerprint = None
+        if options.cache.prefix_cache_file is not None:
+            self._fingerprint = engine_fingerprint(self.model_dir, self.runtime, options)
+            self._load_prefix_cache(options.cache.prefix_cache_file)
         self.debug_integrity = debug_integrity
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridcache-compute")
         self._ids = itertools.count(1)
@@ -90,10 +103,37 @@ class Engine:
         await asyncio.gather(self._task, return_exceptions=True)
         await self._worker.drain_transfers()
         self._compute.shutdown(wait=True)
+        if self._fingerprint is not None and self._failure is None:
+            await asyncio.get_running_loop().run_in_executor(None, self._save_prefix_cache)
+        self.save_finished.set()
         if self.journal is not None:
             self.cache.checkpoint()
             self.journal.writer.close()
         self.runtime.close()
+
+    # -- the prefix-cache file (§5.5) --------------------------------------------------------------
+    def _load_prefix_cache(self, path: str) -> None:
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        progress = Progress(log, "loading prefix cache", size, unit="bytes")
+        report = load_prefix_cache(
+            path, self.cache, self.runtime.host_memory, self._fingerprint, progress.update
+        )
+        if report.status in ("restored", "partial"):
+            progress.finish()
+        (log.info if report.status in ("restored", "absent") else log.warning)("%s", report.message)
+
+    def _save_prefix_cache(self) -> None:
+        """In the orderly stop, after every host write landed (runs on a helper thread)."""
+        path = self.options.cache.prefix_cache_file
+        assert path is not None and self._fingerprint is not None
+        try:
+            report = save_prefix_cache(
+                path, self.cache.index, self.runtime.host_memory, self._fingerprint, self.abandon_save
+            )
+        except OSError as error:
+            log.error("prefix cache not saved to %s: %s (the previous file is intact)", path, error)
+            return
+        log.info("%s", report.message)
 
     # -- requests -----------------------------------------------------------------------------------
     def submit(
@@ -154,3 +194,18 @@ class Engine:
     def check_integrity(self) -> None:
         """Rebuild every derived counter of the index and compare (raises IntegrityError)."""
         check_integrity(self.cache.index)
+
+
+def engine_fingerprint(model_dir: Path, runtime: ModelRuntime, options: EffectiveOptions):
+    """What a prefix-cache file of this engine is valid for: checkpoint, numerics, KV layout, build."""
+    config = runtime.model.config
+    kv_layout = {"plane_page_bytes": runtime.kv.plane_page_bytes, "layers": list(runtime.kv.layers)}
+    rope = {"theta": config.rope_theta, "partial_rotary_factor": config.partial_rotary_factor}
+    return make_fingerprint(
+        model_dir,
+        msgspec.to_builtins(config),
+        str(runtime.model.dtype),
+        kv_layout,
+        rope,
+        {"prefill_chunk": options.prefill_chunk},
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from hybridcache.logs import format_bytes, get_logger, log_ledger, setup_logging
 
 log = get_logger(__name__)
 EXIT_AT_ONCE_CODE = 130
+ABANDON_WAIT_S = 2.0
 STARTUP_ERROR_EXIT = 2
 DEFAULT_MODEL_NAME = "tiny"  # the embedded checkpoint's served name
 
@@ -47,6 +49,12 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("event_log", cache.event_log or "none"),
         ("api_keys", len(server.api_keys)),
     ]
+
+
+def _exit_after_save(save_finished: threading.Event) -> None:
+    """Give an abandoned save up to 2 s to remove its temporary file, then exit at once."""
+    save_finished.wait(ABANDON_WAIT_S)
+    os._exit(EXIT_AT_ONCE_CODE)
 
 
 def serve_forever(options: EffectiveOptions, server: ServerOptions) -> int:
@@ -104,8 +112,9 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
             log.info("stopping: no new requests; failing running and queued ones as unavailable")
             stop.set()
         elif action is StopAction.EXIT_NOW:
-            log.warning("interrupt while stopping: exiting at once")
-            os._exit(EXIT_AT_ONCE_CODE)
+            log.warning("interrupt while stopping: abandoning any save in progress and exiting")
+            engine.abandon_save.set()  # the save stops before its next slab and removes its temp file
+            threading.Thread(target=_exit_after_save, args=(engine.save_finished,), daemon=True).start()
         elif signum == signal.SIGINT:
             log.info("press Ctrl+C again within 5 s to stop the server")
 
