@@ -27,8 +27,8 @@ COMMANDS = (
     Command(
         "serve", "serve a model over OpenAI- and Anthropic-compatible HTTP", "hybridcache.http.serve_command"
     ),
-    Command("inspect", "inspect a prefix-cache file", None),
-    Command("replay", "replay an event log into a fresh index and check it", None),
+    Command("inspect", "inspect a prefix-cache file", "hybridcache.tools.inspect"),
+    Command("replay", "replay an event log into a fresh index and check it", "hybridcache.tools.replay"),
     Command("simulate", "simulate the prefix cache on agent traces (no model)", None),
     Command(
         "make-tiny-model",
@@ -44,9 +44,13 @@ BENCHMARKS = (
     Command(
         "model", "model runtime vs transformers: prefill and decode tok/s", "hybridcache.tools.bench_model"
     ),
-    Command("engine", "engine: cold vs resumed TTFT, cache overhead", None),
-    Command("serve", "HTTP server throughput and latency, cache on vs off", None),
-    Command("persistence", "prefix-cache file save/load vs raw disk, journal overhead", None),
+    Command("engine", "engine: cold vs resumed TTFT, cache overhead", "hybridcache.tools.bench_engine"),
+    Command("serve", "HTTP server throughput and latency, cache on vs off", "hybridcache.tools.bench_serve"),
+    Command(
+        "persistence",
+        "prefix-cache file save/load vs raw disk, journal overhead",
+        "hybridcache.tools.bench_persistence",
+    ),
     Command("trace", "replay a trace against a running server", None),
     Command("trace-gen", "generate a deterministic JSONL trace for live runs", "hybridcache.tools.trace_gen"),
     Command("gpu", "GPU tests and benchmarks on a CUDA device", None),
