@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from hybridcache.gpu.host_tier import HostSlabMemory
 
 
+READ_BUFFER_BYTES = 8 << 20  # large sequential reads; slab runs are small
+
+
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     """What a load restored, or why it restored nothing. ``status``: restored | partial | none |
     refused | absent."""
@@ -113,7 +116,8 @@ def load_prefix_cache(
         return _refusal(file_path, "no prefix-cache file yet", "absent")
     started = time.monotonic()
     try:
-        with open(file_path, "rb", buffering=0) as stream:
+        with open(file_path, "rb", buffering=READ_BUFFER_BYTES) as stream:
+            os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # runs are read in file order
             tables = read_tables(stream, os.fstat(stream.fileno()).st_size)
             reason = check_acceptance(tables, cache, fingerprint, host_memory.slab_bytes)
             if reason is not None:
