@@ -209,13 +209,11 @@ class PublicationCalls(_Base):
         index = self.index
         if index.host is None:
             return None
-        chosen_nodes: list[BlockNode] = []
-        for node in nodes:
-            if node.device_state != Residency.RESIDENT or node.host_state != Residency.ABSENT:
-                continue
-            if not self._free_host_slabs(len(chosen_nodes) + 1, None):
-                break
-            chosen_nodes.append(node)
+        chosen_nodes = [
+            n for n in nodes if n.device_state == Residency.RESIDENT and n.host_state == Residency.ABSENT
+        ]
+        if chosen_nodes and not self._free_host_slabs(len(chosen_nodes), None):
+            chosen_nodes = chosen_nodes[: index.host.num_free]  # as many as the tier can hold
         total = len(chosen_nodes)
         images: list[Snapshot] = []
         tails: list[Snapshot] = []

@@ -143,14 +143,18 @@ def plan_supersession(
 
 
 # ---------------------------------------------------------------------- allocation
-def _dead_victim(index: PrefixIndex) -> BlockNode | None:
-    best = None
-    for node in index.dead_nodes.values():
+def dead_victims(index: PrefixIndex, count: int) -> list[BlockNode]:
+    """Up to ``count`` dead-KV victims, deepest first (leaves before their ancestors), then lowest id.
+    One sort per call; a host-only victim's subtree must be removable (nothing pinned or in flight).
+    Deeper victims come first, so applying them in order never names a node an earlier one removed."""
+    victims: list[BlockNode] = []
+    for node in sorted(index.dead_nodes.values(), key=lambda n: (-n.depth, n.id)):
         if node.device_state == Residency.ABSENT and not subtree_removable(node):
             continue
-        if best is None or (node.depth, -node.id) > (best.depth, -best.id):
-            best = node
-    return best
+        victims.append(node)
+        if len(victims) == count:
+            break
+    return victims
 
 
 def _unpinned_host(snap: Snapshot) -> bool:
@@ -161,16 +165,17 @@ def plan_host_room(
     index: PrefixIndex, slabs_needed: int, new_value: float | None
 ) -> list[ev.CacheEvent] | None:
     """One step toward ``slabs_needed`` free slabs: [] when they are free, None when nothing (allowed)
-    can be evicted. ``new_value`` bounds GDSF victims for an image write (None: KV blocks, unbounded).
+    can be evicted. A dead-KV step names up to the whole shortfall at once. ``new_value`` bounds GDSF
+    victims for an image write (None: KV blocks, unbounded).
     """
     host = index.host
     if host is None:
         return None
     if host.num_free >= slabs_needed:
         return []
-    dead = _dead_victim(index)
-    if dead is not None:
-        return [ev.NodeHostDropped(0, dead.id)]
+    dead = dead_victims(index, slabs_needed - host.num_free)
+    if dead:
+        return [ev.NodeHostDropped(0, node.id) for node in dead]
     superseded = [s for s in index.snapshots.values() if s.superseded and _unpinned_host(s)]
     if superseded:
         victim = min(superseded, key=lambda s: (s.superseded_tick, s.id))
