@@ -29,7 +29,7 @@ COMMANDS = (
     ),
     Command("inspect", "inspect a prefix-cache file", "hybridcache.tools.inspect"),
     Command("replay", "replay an event log into a fresh index and check it", "hybridcache.tools.replay"),
-    Command("simulate", "simulate the prefix cache on agent traces (no model)", None),
+    Command("simulate", "simulate the prefix cache on agent traces (no model)", "hybridcache.tools.simulate"),
     Command(
         "make-tiny-model",
         "write a deterministic random-weight Qwen3.5 checkpoint",

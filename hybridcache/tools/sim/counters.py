@@ -1,0 +1,78 @@
+"""What a simulation counts, and the journal stand-in that counts evictions by tier.
+
+Evictions, by the event that carries them: ``evicted_device_blocks`` (device copies of blocks and
+snapshot tails dropped, the host copy kept), ``evicted_device_snapshot_images`` (a snapshot's slot
+freed, its host image kept), ``evicted_host_blocks`` (dead-KV host copies dropped),
+``evicted_host_snapshot_images`` (a host image dropped, the device copy kept), ``deleted_subtrees``
+(a block lost its last copy and took its subtree along: device LRU without a host copy, or the ``lru``
+policy's host eviction) and ``deleted_snapshots`` (a snapshot lost every copy). Counts are exact
+integers over the run; ``SimCounters`` is mutated by the driver and the tally only.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import msgspec
+
+from hybridcache.cache import events as ev
+
+
+class SimCounters(msgspec.Struct, kw_only=True):
+    """Running totals of one simulation. Mutable (the driver adds to it)."""
+
+    requests: int = 0
+    requests_infeasible: int = 0
+    requests_truncated: int = 0
+    echoed_requests: int = 0
+    input_tokens: int = 0
+    computed_tokens: int = 0
+    reused_tokens_device: int = 0
+    reused_tokens_host: int = 0
+    generated_tokens: int = 0
+    restored_bytes: int = 0
+    resumed_from_snapshot: int = 0
+    taps_taken: int = 0
+    taps_skipped: int = 0
+    endpoints: int = 0
+    evicted_device_blocks: int = 0
+    evicted_device_snapshot_images: int = 0
+    evicted_host_blocks: int = 0
+    deleted_subtrees: int = 0
+    evicted_host_snapshot_images: int = 0
+    deleted_snapshots: int = 0
+    model_prefill_seconds: float = 0.0
+
+
+def count_eviction(counters: SimCounters, event: ev.CacheEvent) -> None:
+    """Add ``event``'s evictions to ``counters`` (no-op for other events). Mutates counters."""
+    field = _EVICTION_FIELDS.get(type(event))
+    if field is None:
+        return
+    amount = len(event.nodes) + len(event.tails) if isinstance(event, ev.DeviceCopiesDropped) else 1
+    setattr(counters, field, getattr(counters, field) + amount)
+
+
+_EVICTION_FIELDS = MappingProxyType(
+    {
+        ev.DeviceCopiesDropped: "evicted_device_blocks",
+        ev.SnapshotDeviceDropped: "evicted_device_snapshot_images",
+        ev.NodeHostDropped: "evicted_host_blocks",
+        ev.SubtreeDeleted: "deleted_subtrees",
+        ev.SnapshotHostDropped: "evicted_host_snapshot_images",
+        ev.SnapshotDeleted: "deleted_snapshots",
+    }
+)
+
+
+class EvictionTally:
+    """A journal stand-in for ``Cache(journal=...)``: counts evictions instead of keeping events."""
+
+    __slots__ = ("counters",)
+
+    def __init__(self, counters: SimCounters) -> None:
+        self.counters = counters
+
+    def append(self, event: ev.CacheEvent) -> None:
+        """Count ``event`` (mutates the counters)."""
+        count_eviction(self.counters, event)

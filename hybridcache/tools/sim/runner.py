@@ -1,0 +1,247 @@
+"""The simulation loop: users, conversations and requests on a simulated clock, admitted FIFO.
+
+Timing (conversation clocks, WEKA): ``users`` root conversations run at once, each with its
+sub-agents; a new one starts when one ends. A request arrives at its user's start + its trace time, but
+never before the previous request of its conversation finished. Global clocks (Mooncake, our JSONL):
+every request arrives at its trace time (``users`` does not apply). Arrivals queue FIFO; the head is
+admitted when a lane is free and its quote is Ready, and nothing overtakes a blocked head (spec §6.3).
+A request holds its lane (pages, slot, path pins) for its modeled duration (cost model: restore +
+prefill + decode), then finishes. Ties are broken by push order, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from typing import NamedTuple
+
+import msgspec
+
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
+from hybridcache.tools.sim.bound import InfiniteCacheBound
+from hybridcache.tools.sim.counters import EvictionTally, SimCounters
+from hybridcache.tools.sim.driver import Admission, RequestDriver
+from hybridcache.tools.sim.material import RequestMaterial, build_material, generated_count
+from hybridcache.tools.sim.policies import Policy, make_cache
+from hybridcache.tools.sim.shapes import ModelShape
+from hybridcache.tools.traces import Conversation, Trace
+
+
+class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """One simulation's settings (see ``hybridcache simulate --help``)."""
+
+    shape: ModelShape
+    policy: Policy = Policy.OURS
+    host_cache_mib: int = 65536
+    device_pages: int = 16384
+    max_concurrency: int = 8
+    device_snapshot_slots: int | None = None  # None: the spec default C + 1 (C + 2 without a host tier)
+    users: int = 8
+    assume_echo: bool = True
+
+    def snapshot_slots(self) -> int:
+        if self.device_snapshot_slots is not None:
+            return self.device_snapshot_slots
+        return self.max_concurrency + (1 if self.host_cache_mib > 0 else 2)
+
+
+class SimResult(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a run reports: the counters, the bound, and how long the run took."""
+
+    counters: SimCounters
+    bound_tokens: int
+    bound_tokens_inputs_only: int
+    simulated_seconds: float
+    wall_seconds: float
+
+    @property
+    def computed_vs_bound(self) -> float:
+        return self.counters.computed_tokens / max(self.bound_tokens, 1)
+
+
+class _Item(NamedTuple):
+    conversation: int  # index into the run's conversation list
+    turn: int
+
+
+class _User:
+    __slots__ = ("conversations", "remaining", "start")
+
+    def __init__(self, conversations: list[int], remaining: int) -> None:
+        self.conversations = conversations
+        self.remaining = remaining
+        self.start = 0.0
+
+
+_ARRIVE, _FINISH = 0, 1
+
+
+class Simulation:
+    """One run over one trace. Mutable; call ``run`` once."""
+
+    def __init__(self, trace: Trace, config: SimConfig) -> None:
+        self.trace = trace
+        self.config = config
+        self.counters = SimCounters()
+        geometry = config.shape.geometry(
+            config.device_pages, config.host_cache_mib, config.max_concurrency, config.snapshot_slots()
+        )
+        cache = make_cache(config.policy, geometry, config.shape.cost, EvictionTally(self.counters))
+        options = derive_tap_options(config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier)
+        self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
+        self.bound = InfiniteCacheBound()
+        self.conversations: list[Conversation] = list(trace.conversations)
+        self._ordinal_base = _ordinal_bases(self.conversations)
+        self._user_of: list[int] = [0] * len(self.conversations)
+        self.users = self._group_users()
+        self._events: list[tuple[float, int, int, object]] = []
+        self._pushes = 0
+        self._queue: deque[tuple[_Item, RequestMaterial | None]] = deque()
+        self._next_user = 0
+        self._running: dict[int, _Item] = {}
+        self.now = 0.0
+
+    # ------------------------------------------------------------------ setup
+    def _group_users(self) -> list[_User]:
+        if self.trace.clock != "conversation":
+            everything = list(range(len(self.conversations)))
+            return [_User(everything, sum(len(c.requests) for c in self.conversations))]
+        root_of: dict[str, str] = {}
+        by_id = {c.id: c for c in self.conversations}
+        for conversation in self.conversations:
+            top = conversation
+            while top.parent is not None and top.parent in by_id:
+                top = by_id[top.parent]
+            root_of[conversation.id] = top.id
+        users: dict[str, _User] = {}
+        for position, conversation in enumerate(self.conversations):
+            user = users.setdefault(root_of[conversation.id], _User([], 0))
+            user.conversations.append(position)
+            user.remaining += len(conversation.requests)
+        ordered = list(users.values())
+        for number, user in enumerate(ordered):
+            for position in user.conversations:
+                self._user_of[position] = number
+        return ordered
+
+    def _concurrent_users(self) -> int:
+        return len(self.users) if self.trace.clock != "conversation" else max(1, self.config.users)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> SimResult:
+        """Simulate every request. Mutates the simulation; returns the result."""
+        started = time.perf_counter()
+        for _ in range(min(self._concurrent_users(), len(self.users))):
+            self._start_user()
+        while self._events:
+            self.now, _, kind, payload = heapq.heappop(self._events)
+            if kind == _ARRIVE:
+                self._queue.append((payload, None))  # type: ignore[arg-type]
+            else:
+                self._finish(payload)  # type: ignore[arg-type]
+            if not self._events or self._events[0][0] > self.now:
+                self._admit()
+        return SimResult(
+            counters=self.counters,
+            bound_tokens=self.bound.tokens,
+            bound_tokens_inputs_only=self.bound.literal_tokens,
+            simulated_seconds=self.now,
+            wall_seconds=time.perf_counter() - started,
+        )
+
+    def _push(self, at: float, kind: int, payload: object) -> None:
+        self._pushes += 1
+        heapq.heappush(self._events, (at, self._pushes, kind, payload))
+
+    def _start_user(self) -> None:
+        while self._next_user < len(self.users):
+            user = self.users[self._next_user]
+            self._next_user += 1
+            user.start = self.now
+            if user.remaining == 0:
+                continue
+            for position in user.conversations:
+                first = self.conversations[position].requests
+                if first:
+                    self._push(user.start + first[0].arrival_s, _ARRIVE, _Item(position, 0))
+            return
+
+    def _admit(self) -> None:
+        driver = self.driver
+        while self._queue and driver.free_lanes:
+            item, material = self._queue[0]
+            if material is None:
+                material = self._material(item)
+                self._queue[0] = (item, material)
+            outcome = driver.admit(material, self._hints(item, material))
+            if outcome.outcome == Admission.BLOCKED and not driver.active:
+                driver.counters.requests_infeasible += 1  # nothing will free pages: never fits
+                outcome = outcome._replace(outcome=Admission.INFEASIBLE)
+            if outcome.outcome == Admission.BLOCKED:
+                return
+            self._queue.popleft()
+            if outcome.outcome == Admission.INFEASIBLE:
+                self._advance(item)
+                continue
+            self.bound.observe(material)
+            assert outcome.lane is not None
+            self._running[outcome.lane] = item
+            self._push(self.now + outcome.seconds, _FINISH, outcome.lane)
+
+    def _finish(self, lane: int) -> None:
+        self.driver.finish(lane)
+        self._advance(self._running.pop(lane))
+
+    def _advance(self, item: _Item) -> None:
+        """The request ``item`` is done: its conversation's next request arrives; its user may end."""
+        conversation = self.conversations[item.conversation]
+        user = self.users[self._user_of[item.conversation]]
+        user.remaining -= 1
+        following = item.turn + 1
+        if following < len(conversation.requests):
+            due = user.start + conversation.requests[following].arrival_s
+            self._push(max(due, self.now), _ARRIVE, _Item(item.conversation, following))
+        if user.remaining == 0 and self.trace.clock == "conversation":
+            self._start_user()
+
+    # ------------------------------------------------------------------ per request
+    def _material(self, item: _Item) -> RequestMaterial:
+        requests = self.conversations[item.conversation].requests
+        request = requests[item.turn]
+        following = requests[item.turn + 1] if item.turn + 1 < len(requests) else None
+        salt = self._ordinal_base[item.conversation] + item.turn
+        return build_material(request, following, self.config.assume_echo, salt)
+
+    def _hints(self, item: _Item, material: RequestMaterial) -> list[TapHint]:
+        """What the trace says about boundaries: the end of the shared tool + system prefix, and where the
+        previous request of the conversation ended (its prompt and its output), when this one extends it."""
+        n = material.prompt_tokens
+        conversation = self.conversations[item.conversation]
+        hints = []
+        shared = conversation.shared_prefix_blocks * BLOCK_TOKENS
+        if 0 < shared < n:
+            hints.append(TapHint(shared, HintKind.STRUCTURAL))
+        if item.turn > 0:
+            previous = conversation.requests[item.turn - 1]
+            ids = previous.block_ids
+            current = conversation.requests[item.turn].block_ids
+            if len(current) >= len(ids) and (current[: len(ids)] == ids).all():
+                for position in (previous.input_tokens, previous.input_tokens + generated_count(previous)):
+                    if 0 < position < n:
+                        hints.append(TapHint(position, HintKind.MESSAGE))
+        return hints
+
+
+def _ordinal_bases(conversations: list[Conversation]) -> list[int]:
+    bases, total = [], 0
+    for conversation in conversations:
+        bases.append(total)
+        total += len(conversation.requests)
+    return bases
+
+
+def simulate(trace: Trace, config: SimConfig) -> SimResult:
+    """Run one simulation of ``trace`` under ``config``. Pure with respect to its inputs."""
+    return Simulation(trace, config).run()

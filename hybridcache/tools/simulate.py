@@ -1,0 +1,113 @@
+"""Simulate the hybrid prefix cache on real agent traces: the real cache index, no model.
+
+Drives the cache through the engine's admission, tap, commit and finish calls for every request of the
+traces (WEKA Claude-Code JSON, Mooncake JSONL or our JSONL, auto-detected), sized for a model shape, and
+prints one name=value per line: what was computed, what was reused from device and host, what was
+evicted, and the infinite-cache bound (computed_vs_bound). --sweep runs several host budgets (and, with
+--plot, every policy) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hybridcache.tools.sim.policies import Policy
+from hybridcache.tools.sim.report import SweepPoint, plot_sweep, result_lines, sweep_table
+from hybridcache.tools.sim.runner import SimConfig, simulate
+from hybridcache.tools.sim.shapes import DEFAULT_SHAPE, SHAPES, get_shape
+from hybridcache.tools.traces import TraceFormatError, load_trace
+
+DEFAULT_SWEEP_MIB = (0, 8192, 32768, 65536, 131072)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `simulate` command's arguments. Mutates ``parser``."""
+    parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
+    parser.add_argument("--model-shape", default=DEFAULT_SHAPE, choices=sorted(SHAPES))
+    parser.add_argument("--host-cache-mib", type=int, default=65536, help="host slab tier (0: none)")
+    parser.add_argument("--device-pages", type=int, default=16384, help="device KV page groups")
+    parser.add_argument(
+        "--device-snapshot-slots", type=int, default=None, help="D (default C + 1, C + 2 without host)"
+    )
+    parser.add_argument("--max-concurrency", type=int, default=8, help="C: lanes running at once")
+    parser.add_argument("--users", type=int, default=8, help="conversations running at once (WEKA)")
+    parser.add_argument("--policy", default="ours", choices=[p.value for p in Policy])
+    parser.add_argument(
+        "--assume-echo",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a request extending the previous one echoes its output (endpoint is a resume point)",
+    )
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="MIB,MIB,...",
+        help="host budgets to sweep (a table; every policy with --plot)",
+    )
+    parser.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="computed vs host budget")
+
+
+def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfig:
+    return SimConfig(
+        shape=get_shape(args.model_shape),
+        policy=policy,
+        host_cache_mib=host_mib,
+        device_pages=args.device_pages,
+        max_concurrency=args.max_concurrency,
+        device_snapshot_slots=args.device_snapshot_slots,
+        users=args.users,
+        assume_echo=args.assume_echo,
+    )
+
+
+def _sweep_budgets(text: str | None) -> list[int]:
+    if text is None:
+        return list(DEFAULT_SWEEP_MIB)
+    try:
+        budgets = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep wants comma-separated MiB values, got {text!r}") from None
+    if not budgets or min(budgets) < 0:
+        raise ValueError(f"--sweep wants non-negative MiB values, got {text!r}")
+    return budgets
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulation(s) and print the report. Returns the exit status (2 for bad input)."""
+    try:
+        trace = load_trace(args.traces, shared_prefix=True)
+        budgets = _sweep_budgets(args.sweep) if (args.sweep or args.plot) else None
+    except (TraceFormatError, ValueError) as error:
+        print(f"hybridcache simulate: {error}", file=sys.stderr)
+        return 2
+    if budgets is None:
+        config = _config(args, Policy(args.policy), args.host_cache_mib)
+        result = simulate(trace, config)
+        print("\n".join(result_lines(trace.name, trace.format, config, result)))
+        return 0
+    policies = list(Policy) if args.plot else [Policy(args.policy)]
+    points = [
+        SweepPoint(policy.value, budget, simulate(trace, _config(args, policy, budget)))
+        for policy in policies
+        for budget in budgets
+    ]
+    print("\n".join(sweep_table(points)))
+    print(f"bound_tokens={points[0].result.bound_tokens}")
+    if args.plot is not None:
+        title = f"{Path(trace.name).name}: {args.model_shape}, {args.users} users"
+        plot_sweep(points, points[0].result.bound_tokens, title, args.plot)
+        print(f"plot={args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m hybridcache.tools.simulate``)."""
+    parser = argparse.ArgumentParser(prog="hybridcache simulate", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

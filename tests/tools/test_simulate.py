@@ -1,0 +1,284 @@
+"""`hybridcache simulate`: accounting on hand-checked traces, the bound, policies, determinism, the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hybridcache.cache.integrity import check_integrity
+from hybridcache.tools import simulate as simulate_cli
+from hybridcache.tools.sim.bound import InfiniteCacheBound
+from hybridcache.tools.sim.material import build_material, chain_hashes
+from hybridcache.tools.sim.policies import Policy
+from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation
+from hybridcache.tools.sim.shapes import SHAPES, get_shape
+from hybridcache.tools.traces import Trace, load_trace
+
+TINY = get_shape("tiny")
+
+
+# --- factories -------------------------------------------------------------------------------------------
+
+def weka_request(t: float, tokens: int, out: int, ids: list[int]) -> dict:
+    """One WEKA request: ``ids`` lists the full 64-token blocks (the reader adds a partial tail id)."""
+    assert len(ids) == tokens // 64
+    return {"t": t, "type": "n", "in": tokens, "out": out, "hash_ids": ids}
+
+
+def write_weka(path: Path, requests: list[dict], prefix_tokens: int = 0) -> Path:
+    body = {"block_size": 64, "hash_id_scope": "local", "tool_tokens": prefix_tokens, "system_tokens": 0,
+            "requests": requests}
+    path.write_text(json.dumps(body))
+    return path
+
+
+def growing_conversation(tmp_path: Path) -> Path:
+    """Turn 0: 200 tokens (3 full blocks + 8), 100 out. Turn 1 extends it to 400 (echo fits: 300 <= 400)."""
+    return write_weka(tmp_path / "grow.json", [
+        weka_request(0.0, 200, 100, [1, 2, 3]),
+        weka_request(30.0, 400, 5, [1, 2, 3, 4, 5, 6]),
+    ])
+
+
+def story_traces(tmp_path: Path) -> list[Path]:
+    """Two conversations sharing a 128-token tool + system prefix; one grows over three turns and starts a
+    sub-agent; partial last blocks everywhere."""
+    alpha = write_weka(tmp_path / "alpha.json", [
+        weka_request(0.0, 700, 40, list(range(1, 11))),
+        weka_request(20.0, 900, 30, list(range(1, 15))),
+        {"t": 25.0, "type": "subagent", "agent_id": "helper", "subagent_type": "explore",
+         "tool_tokens": 128, "system_tokens": 0,
+         "requests": [weka_request(0.0, 400, 20, [1, 2, 50, 51, 52, 53]),
+                      weka_request(5.0, 500, 10, [1, 2, 50, 51, 52, 53, 54])]},
+        weka_request(60.0, 1300, 12, list(range(1, 21))),
+    ], prefix_tokens=128)
+    beta = write_weka(tmp_path / "beta.json", [
+        weka_request(0.0, 650, 25, [7, 8, *range(100, 108)]),
+        weka_request(15.0, 780, 9, [7, 8, *range(100, 110)]),
+    ], prefix_tokens=128)
+    return [alpha, beta]
+
+
+def config(policy: Policy = Policy.OURS, **overrides) -> SimConfig:
+    settings_ = {"shape": TINY, "policy": policy, "host_cache_mib": 64, "device_pages": 512,
+                 "max_concurrency": 4, "users": 2}
+    settings_.update(overrides)
+    return SimConfig(**settings_)
+
+
+def run(trace: Trace, cfg: SimConfig) -> tuple[Simulation, SimResult]:
+    sim = Simulation(trace, cfg)
+    return sim, sim.run()
+
+
+# --- assertions ------------------------------------------------------------------------------------------
+
+def assert_accounting_adds_up(result: SimResult, trace: Trace) -> None:
+    c = result.counters
+    assert c.requests + c.requests_infeasible == trace.num_requests
+    assert c.input_tokens == trace.input_tokens
+    assert c.computed_tokens + c.reused_tokens_device + c.reused_tokens_host == c.input_tokens
+    assert c.computed_tokens >= c.requests  # at least one token each
+
+
+def assert_at_or_above_bound(result: SimResult) -> None:
+    assert result.counters.computed_tokens >= result.bound_tokens
+
+
+# --- the bound, by hand ----------------------------------------------------------------------------------
+
+def test_bound_by_hand_with_echo(tmp_path):
+    trace = load_trace(growing_conversation(tmp_path))
+    first, second = trace.conversations[0].requests
+    bound = InfiniteCacheBound()
+    assert bound.observe(build_material(first, second, True, 0)) == 200  # nothing seen: all 200
+    # turn 0 committed 200 + 100 - 1 = 299 tokens that turn 1 repeats: 400 - 299
+    assert bound.observe(build_material(second, None, True, 1)) == 101
+    # the issue's literal count: turn 0 has 3 new blocks + an 8-token tail + 1; turn 1 three new blocks,
+    # a new 16-token tail, + 1
+    assert bound.literal_tokens == (192 + 8 + 1) + (192 + 16 + 1)
+
+
+def test_bound_by_hand_without_echo(tmp_path):
+    trace = load_trace(growing_conversation(tmp_path))
+    first, second = trace.conversations[0].requests
+    bound = InfiniteCacheBound()
+    bound.observe(build_material(first, second, False, 0))
+    # the output is fresh tokens: only the 200 prompt tokens (3 blocks + the 8-token tail) are shared
+    assert bound.observe(build_material(second, None, False, 1)) == 200
+
+
+def test_identical_prompt_still_computes_one_token(tmp_path):
+    path = write_weka(tmp_path / "same.json", [weka_request(0.0, 128, 4, [1, 2]),
+                                               weka_request(9.0, 128, 4, [1, 2])])
+    trace = load_trace(path)
+    first, second = trace.conversations[0].requests
+    bound = InfiniteCacheBound()
+    bound.observe(build_material(first, second, True, 0))
+    assert bound.observe(build_material(second, None, True, 1)) == 1
+
+
+def test_chain_hashes_follow_the_prefix():
+    import numpy as np
+
+    tokens = np.arange(640, dtype=np.int64)
+    edited = tokens.copy()
+    edited[200] = 7
+    same, other = chain_hashes(tokens).tolist(), chain_hashes(edited).tolist()
+    assert same[:3] == other[:3] and all(a != b for a, b in zip(same[3:], other[3:]))
+    assert chain_hashes(tokens[:300]).tolist() == same[:4]
+
+
+# --- the simulator on hand-checked traces ----------------------------------------------------------------
+
+def test_growing_conversation_resumes_from_the_endpoint(tmp_path):
+    trace = load_trace(growing_conversation(tmp_path))
+    _, result = run(trace, config())
+    c = result.counters
+    assert c.echoed_requests == 1
+    # turn 0's endpoint lies 100 tokens past its prompt-tail tap; turn 1's (5 fresh tokens) within 64
+    assert c.endpoints == 1
+    assert c.computed_tokens == 200 + 101  # turn 1 resumes at 299, the echoed endpoint
+    assert result.bound_tokens == 200 + 101
+    assert result.computed_vs_bound == 1.0
+
+
+def test_without_echo_the_prompt_tail_tap_serves(tmp_path):
+    trace = load_trace(growing_conversation(tmp_path))
+    _, result = run(trace, config(assume_echo=False))
+    assert result.counters.echoed_requests == 0
+    assert result.counters.computed_tokens == 200 + 201  # resumes at 199 (n - 1 of turn 0)
+    assert result.bound_tokens == 200 + 200
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_every_policy_runs_the_story_and_keeps_the_index_sound(tmp_path, policy):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    sim, result = run(trace, config(policy))
+    assert_accounting_adds_up(result, trace)
+    assert_at_or_above_bound(result)
+    check_integrity(sim.driver.cache.index)
+    assert result.counters.requests == 7
+
+
+def test_sub_agent_and_second_conversation_reuse_the_shared_prefix(tmp_path):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    _, result = run(trace, config())
+    # 7 requests, 5730 input tokens; without any reuse we would compute all of them
+    assert result.counters.input_tokens == 700 + 900 + 400 + 500 + 1300 + 650 + 780
+    assert result.counters.computed_tokens < result.counters.input_tokens / 2
+    assert result.counters.reused_tokens_device > 0
+
+
+def test_align_computes_more_than_ours_on_a_growing_conversation(tmp_path):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    _, ours = run(trace, config(Policy.OURS))
+    _, align = run(trace, config(Policy.ALIGN))
+    assert align.counters.computed_tokens > ours.counters.computed_tokens
+    assert align.bound_tokens == ours.bound_tokens
+
+
+def test_small_host_tier_evicts_and_restores(tmp_path):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    for policy in (Policy.OURS, Policy.LRU):
+        tight = config(policy, device_pages=26, host_cache_mib=1, max_concurrency=1, users=1)
+        sim, result = run(trace, tight)
+        assert_accounting_adds_up(result, trace)
+        assert result.counters.evicted_device_blocks + result.counters.deleted_subtrees > 0
+        check_integrity(sim.driver.cache.index)
+
+
+def test_same_inputs_same_numbers(tmp_path):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    for policy in Policy:
+        _, first = run(trace, config(policy))
+        _, second = run(trace, config(policy))
+        assert first.counters == second.counters
+        assert first.bound_tokens == second.bound_tokens
+
+
+def test_mooncake_requests_share_global_blocks(tmp_path):
+    lines = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+             {"timestamp": 500, "input_length": 1300, "output_length": 5, "hash_ids": [1, 2, 4]}]
+    path = tmp_path / "moon.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    trace = load_trace(path)
+    _, result = run(trace, config())
+    # the second request shares two 512-token blocks; the first ended mid-block 3 and left a
+    # snapshot at 1024 (a ladder or tail tap) only if one was planned there: the bound says 1024 shared
+    assert result.bound_tokens == 1100 + (1300 - 1024)
+    assert_accounting_adds_up(result, trace)
+    assert_at_or_above_bound(result)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    turns=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 63), st.integers(1, 150)), min_size=1,
+                   max_size=5),
+    policy=st.sampled_from(list(Policy)),
+    echo=st.booleans(),
+)
+def test_random_conversations_never_beat_the_bound(tmp_path_factory, turns, policy, echo):
+    folder = tmp_path_factory.mktemp("random")
+    requests, blocks, clock = [], 0, 0.0
+    for grow, tail, out in turns:
+        blocks += grow
+        requests.append(weka_request(clock, blocks * 64 + tail, out, list(range(1, blocks + 1))))
+        clock += 10.0
+    trace = load_trace(write_weka(folder / "r.json", requests))
+    sim, result = run(trace, config(policy, assume_echo=echo, host_cache_mib=2, device_pages=64))
+    assert_accounting_adds_up(result, trace)
+    assert_at_or_above_bound(result)
+    check_integrity(sim.driver.cache.index)
+
+
+# --- model shapes ----------------------------------------------------------------------------------------
+
+def test_model_shapes_match_the_spec():
+    big = get_shape("qwen3.5-27b-int8")
+    assert big.page_bytes == 2_162_688  # 2.06 MiB per 64 tokens (spec §3.1)
+    assert abs(big.image_bytes / 2**20 - 146.8) < 0.1  # §3.2's 186.8 MiB less 40 MiB of DFlash2
+    assert get_shape("qwen3.5-35b-a3b-int8").page_bytes == 675_840  # 0.64 MiB
+    assert {"tiny", "small"} <= set(SHAPES)
+    with pytest.raises(ValueError, match="unknown model shape"):
+        get_shape("nope")
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------
+
+REQUIRED = ("requests", "input_tokens", "computed_tokens", "reused_tokens_device", "reused_tokens_host",
+            "restored_bytes", "evicted_device_blocks", "evicted_host_blocks", "bound_tokens",
+            "computed_vs_bound", "assume_echo")
+
+
+def test_cli_prints_one_name_value_per_line(tmp_path, capsys):
+    paths = [str(p) for p in story_traces(tmp_path)]
+    assert simulate_cli.main([*paths, "--model-shape", "tiny", "--host-cache-mib", "64", "--users", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert all(re.fullmatch(r"[a-z_0-9]+=.*", line) for line in lines)
+    values = dict(line.split("=", 1) for line in lines)
+    assert set(REQUIRED) <= set(values)
+    assert values["requests"] == "7" and values["assume_echo"] == "true"
+
+
+def test_cli_sweep_prints_a_table_and_draws_a_png(tmp_path, capsys):
+    paths = [str(p) for p in story_traces(tmp_path)]
+    out = tmp_path / "sweep.png"
+    code = simulate_cli.main([*paths, "--model-shape", "tiny", "--sweep", "0,64", "--plot", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].split()[:3] == ["policy", "host_cache_mib", "computed_tokens"]
+    assert len([line for line in text.splitlines() if line.strip().startswith(("ours", "lru", "align"))]) == 6
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_a_bad_trace(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert simulate_cli.main([str(bad)]) == 2
+    assert "simulate:" in capsys.readouterr().err
