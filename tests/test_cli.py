@@ -38,20 +38,21 @@ def test_every_benchmark_has_help(kind: str, capsys: pytest.CaptureFixture):
     assert f"usage: hybridcache bench {kind}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "words",
-    [[command.name] for command in COMMANDS if command.module is None]
-    + [["bench", command.name] for command in BENCHMARKS if command.module is None],
-)
+UNBUILT = [[command.name] for command in COMMANDS if command.module is None] + [
+    ["bench", command.name] for command in BENCHMARKS if command.module is None
+]
+
+
+@pytest.mark.parametrize("words", UNBUILT)
 def test_unbuilt_commands_exit_2_and_say_so(words: list[str], capsys: pytest.CaptureFixture):
     assert main([*words, "some-argument"]) == NOT_IMPLEMENTED_EXIT
     assert "not implemented yet" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", [command.name for command in COMMANDS if command.module is None])
-def test_unbuilt_commands_say_so_in_their_help(name: str, capsys: pytest.CaptureFixture):
+@pytest.mark.parametrize("words", UNBUILT)
+def test_unbuilt_commands_say_so_in_their_help(words: list[str], capsys: pytest.CaptureFixture):
     with pytest.raises(SystemExit):
-        main([name, "--help"])
+        main([*words, "--help"])
     assert "Not implemented yet" in capsys.readouterr().out
 
 
