@@ -220,16 +220,9 @@ def source_options(
     """§6.2: (cheapest option, fallback order [cheapest, s_dev, root] without repeats). Pure."""
     root = _option(index, found.path, None, prompt, cost)
     assert root is not None
-    deepest = device = None
-    for snap in reversed(found.candidates):
-        option = _option(index, found.path, snap, prompt, cost)
-        if option is None:
-            continue
-        if deepest is None or option.frontier > deepest.frontier:
-            deepest = option
-        fully_device = option.host_bytes == 0
-        if fully_device and (device is None or option.frontier > device.frontier):
-            device = option
+    deepest_snap, device_snap = _deepest_candidates(found)
+    deepest = None if deepest_snap is None else _option(index, found.path, deepest_snap, prompt, cost)
+    device = None if device_snap is None else _option(index, found.path, device_snap, prompt, cost)
     options = [o for o in (root, deepest, device) if o is not None]
     best = min(options, key=lambda o: (o.seconds, o.host_bytes, -o.frontier))
     order = [best]
@@ -237,6 +230,31 @@ def source_options(
         if fallback is not None and all(fallback.snapshot is not o.snapshot for o in order):
             order.append(fallback)
     return best, order
+
+
+def _deepest_candidates(found: Match) -> tuple[Snapshot | None, Snapshot | None]:
+    """(deepest valid candidate, deepest valid candidate whose path, tail and image are all on the
+    device), in one pass over the path: O(path + candidates). Pure."""
+    filling_within: list[bool] = [False]  # [k]: a Filling node among the first k blocks
+    host_only_within: list[int] = [0]  # [k]: host-only nodes among the first k blocks
+    for node in found.path:
+        filling_within.append(filling_within[-1] or node.device_state == Residency.FILLING)
+        host_only_within.append(host_only_within[-1] + (node.device_state == Residency.ABSENT))
+    deepest = device = None
+    for snap in found.candidates:
+        blocks = snap.frontier // BLOCK_TOKENS
+        if filling_within[blocks] or snap.tail_device_state == Residency.FILLING:
+            continue  # being filled: not a candidate now (§6.3)
+        if deepest is None or snap.frontier > deepest.frontier:
+            deepest = snap
+        on_device = (
+            host_only_within[blocks] == 0
+            and snap.device_state == Residency.RESIDENT
+            and not (snap.tail_tokens and snap.tail_device_state == Residency.ABSENT)
+        )
+        if on_device and (device is None or snap.frontier > device.frontier):
+            device = snap
+    return deepest, device
 
 
 def fits(index: PrefixIndex, option: SourceOption) -> bool:
