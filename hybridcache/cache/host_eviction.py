@@ -149,8 +149,8 @@ def dead_victims(index: PrefixIndex, count: int) -> list[BlockNode]:
     Deeper victims come first, so applying them in order never names a node an earlier one removed."""
     victims: list[BlockNode] = []
     for node in sorted(index.dead_nodes.values(), key=lambda n: (-n.depth, n.id)):
-        if node.device_state == Residency.ABSENT and (node.children or not subtree_removable(node)):
-            continue  # host-only: leaves first (an inner one becomes a leaf once its children go)
+        if node.device_state == Residency.ABSENT and not subtree_removable(node):
+            continue  # host-only: dropping it deletes its subtree, which must hold nothing pinned
         victims.append(node)
         if len(victims) == count:
             break
