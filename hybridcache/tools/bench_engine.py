@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import sys
 import time
@@ -137,15 +136,12 @@ def run_loop(main):
 
 
 def preset_checkpoint(preset: str) -> Path:
-    """`preset` built once (atomically) into $XDG_CACHE_HOME/hybridcache/models/PRESET-VERSION-fFORMAT."""
-    from hybridcache import __version__
-    from hybridcache.tools.make_tiny_model import BUILDER_FORMAT, ensure_checkpoint
+    """`preset` built once (atomically) into the user cache folder (`make_tiny_model.preset_dir`)."""
+    from hybridcache.tools.make_tiny_model import ensure_preset, preset_dir
 
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    directory = Path(cache_home) / "hybridcache" / "models" / f"{preset}-{__version__}-f{BUILDER_FORMAT}"
-    if not directory.is_dir():
-        print(f"building the {preset} checkpoint in {directory}", file=sys.stderr)
-    return ensure_checkpoint(directory, preset)
+    if not preset_dir(preset).is_dir():
+        print(f"building the {preset} checkpoint in {preset_dir(preset)}", file=sys.stderr)
+    return ensure_preset(preset)
 
 
 def _format(value: float | int | str) -> str:

@@ -74,15 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _preset_checkpoint(preset: str) -> Path:
-    """The preset's checkpoint in the user's cache folder, built on first use (another module builds it)."""
-    from hybridcache.tools.make_tiny_model import build_checkpoint
+    """The preset's checkpoint in the user's cache folder, built on first use."""
+    from hybridcache.tools.make_tiny_model import ensure_preset, preset_dir
 
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    directory = Path(cache_home) / "hybridcache" / "bench" / f"model-{preset}"
-    if not (directory / "model.safetensors").exists():
-        print(f"building the {preset} checkpoint in {directory}", file=sys.stderr)
-        build_checkpoint(directory, preset)
-    return directory
+    if not preset_dir(preset).is_dir():
+        print(f"building the {preset} checkpoint in {preset_dir(preset)}", file=sys.stderr)
+    return ensure_preset(preset)
 
 
 def _timed(action: Callable[[], object], repeats: int = 1) -> float:

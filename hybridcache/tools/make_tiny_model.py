@@ -103,13 +103,23 @@ def _write_json(path: Path, document: dict[str, object]) -> None:
     path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def default_model_dir() -> Path:
-    """Where the embedded default (`tiny`, seed 0) lives: $XDG_CACHE_HOME/hybridcache/models/tiny-VERSION.
+def preset_dir(preset: str) -> Path:
+    """Where a preset (seed 0) is kept: $XDG_CACHE_HOME/hybridcache/models/PRESET-VERSION-fFORMAT.
 
     Falls back to ~/.cache when XDG_CACHE_HOME is unset. Pure (reads the environment only).
     """
     cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "hybridcache" / "models" / f"{DEFAULT_PRESET}-{__version__}-f{BUILDER_FORMAT}"
+    return Path(cache_home) / "hybridcache" / "models" / f"{preset}-{__version__}-f{BUILDER_FORMAT}"
+
+
+def ensure_preset(preset: str) -> Path:
+    """The preset's checkpoint (seed 0) in the user cache directory, built first if absent."""
+    return ensure_checkpoint(preset_dir(preset), preset, DEFAULT_SEED)
+
+
+def default_model_dir() -> Path:
+    """Where the embedded default (`tiny`, seed 0) lives (see `preset_dir`). Pure."""
+    return preset_dir(DEFAULT_PRESET)
 
 
 def ensure_default_model() -> Path:
