@@ -1,5 +1,6 @@
-"""The HTTP layer on the real engine (micro checkpoint): official clients, cache reuse reported in usage,
-exact greedy output with the cache on and off, tenants isolated, bad bursts leave the cache intact."""
+"""The HTTP layer on the real engine with the `tiny` checkpoint (Qwen3.5's vocabulary and chat
+template): official clients, cache reuse reported in usage, exact greedy output with the cache on and
+off, tenants isolated, bad bursts leave the cache intact."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from hybridcache.core.frontend import Frontend
 from hybridcache.http.app import create_app
 from hybridcache.http.server_options import ServerOptions
 
-SYSTEM = "You are a helpful assistant who answers briefly. " * 12
-MODEL = "micro"
+SYSTEM = "You are a helpful assistant who answers briefly and checks every claim twice. " * 30
+MODEL = "tiny"
 
 
 class RealServer:
@@ -58,8 +59,8 @@ async def start_real_server(model_dir: Path, **cache_options) -> RealServer:
 
 
 @pytest.fixture
-async def server(micro_checkpoint: Path) -> AsyncIterator[RealServer]:
-    live = await start_real_server(micro_checkpoint, host_cache_mib=64)
+async def server(tiny_checkpoint: Path) -> AsyncIterator[RealServer]:
+    live = await start_real_server(tiny_checkpoint, host_cache_mib=64)
     yield live
     await live.close()
 
@@ -91,7 +92,7 @@ async def test_a_second_turn_reports_cached_tokens_openai(server: RealServer):
 
 
 async def test_a_second_turn_reports_cache_reads_anthropic(server: RealServer):
-    messages = [{"role": "user", "content": "Describe a radix tree. " * 8}]
+    messages = [{"role": "user", "content": "Describe a radix tree and how a prefix cache uses it. " * 8}]
     first = await server.anthropic.messages.create(
         model=MODEL, max_tokens=10, system=SYSTEM, messages=messages
     )
@@ -105,9 +106,9 @@ async def test_a_second_turn_reports_cache_reads_anthropic(server: RealServer):
     assert second.usage.input_tokens + second.usage.cache_read_input_tokens > first.usage.input_tokens
 
 
-async def test_greedy_output_is_identical_with_the_cache_on_and_off(micro_checkpoint: Path):
-    on = await start_real_server(micro_checkpoint, host_cache_mib=64)
-    off = await start_real_server(micro_checkpoint, prefix_reuse=False)
+async def test_greedy_output_is_identical_with_the_cache_on_and_off(tiny_checkpoint: Path):
+    on = await start_real_server(tiny_checkpoint, host_cache_mib=64)
+    off = await start_real_server(tiny_checkpoint, prefix_reuse=False)
     try:
         messages = conversation("Tell me a story about caches.")
         answers = {}
