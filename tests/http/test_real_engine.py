@@ -175,3 +175,30 @@ async def test_a_client_leaving_mid_stream_releases_its_lane(server: RealServer)
         await asyncio.sleep(0.05)
     assert server.engine.stats()["requests_running"] == 0
     server.engine.check_integrity()
+
+
+async def test_streaming_chat_and_completions_on_the_real_engine(server: RealServer):
+    reply = await chat(server.openai, conversation("Stream please."), max_tokens=16)
+    stream = await server.openai.chat.completions.create(
+        model=MODEL,
+        messages=conversation("Stream please."),
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, reasoning, usage = [], [], None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            reasoning.append(getattr(choice.delta, "reasoning_content", None) or "")
+    message = reply.choices[0].message
+    assert "".join(pieces) == (message.content or "")
+    assert "".join(reasoning) == (getattr(message, "reasoning_content", None) or "")
+    assert usage is not None and usage.completion_tokens == reply.usage.completion_tokens
+    completion = await server.openai.completions.create(
+        model=MODEL, prompt="The cache", max_tokens=8, temperature=0
+    )
+    assert completion.usage.completion_tokens == 8 and completion.choices[0].finish_reason == "length"
