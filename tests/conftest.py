@@ -1,10 +1,18 @@
 """Fixtures shared across test folders: small checkpoints the project builds itself (never downloaded)."""
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from hybridcache.tools.make_tiny_model import build_checkpoint
+
+# CI runs the same examples every time (a failure there is reproducible, never a coin toss);
+# local runs keep exploring new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")
