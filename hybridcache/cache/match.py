@@ -14,7 +14,7 @@ import msgspec
 
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.ids import BLOCK_TOKENS, NodeId, SnapshotId
-from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot
+from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot, pack_tokens
 
 if TYPE_CHECKING:
     from hybridcache.cache.index import PrefixIndex
@@ -94,8 +94,8 @@ def _frontier_in_media(frontier: int, spans: Sequence[tuple[int, int]]) -> bool:
 def match(index: PrefixIndex, prompt: PromptInput) -> Match:
     """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1. Pure.
 
-    With ``prompt.token_bytes`` the walk compares packed bytes (it must pack exactly ``prompt.tokens``);
-    without it, token tuples. Either way tokens and extra keys decide, never the hash.
+    The walk compares packed 256-byte blocks: ``prompt.token_bytes`` when given (it must pack exactly
+    ``prompt.tokens``), else the matchable prefix packed here. Tokens and extra keys decide, never the hash.
     """
     tokens = prompt.tokens
     hashes, extras = prompt.block_hashes, prompt.extras
@@ -105,10 +105,9 @@ def match(index: PrefixIndex, prompt: PromptInput) -> Match:
     if packed is not None:
         if len(packed) != 4 * n:
             raise ValueError(f"token_bytes holds {len(packed)} bytes for {n} tokens")
-        path = _walk_bytes(index.root, packed, hashes, extras, limit)
     else:
-        as_tuple = tokens if isinstance(tokens, tuple) else tuple(tokens)
-        path = _walk_tokens(index.root, as_tuple, hashes, extras, limit)
+        packed = pack_tokens(tokens[: limit * BLOCK_TOKENS])
+    path = _walk_bytes(index.root, packed, hashes, extras, limit)
     candidates: list[Snapshot] = []
     for anchor in (index.root, *path):
         for snap in anchor.snapshots:
@@ -124,32 +123,10 @@ def match(index: PrefixIndex, prompt: PromptInput) -> Match:
     return Match(path, candidates)
 
 
-def _walk_tokens(
-    node: BlockNode, tokens: tuple[int, ...], hashes: Sequence[int], extras: Sequence[int] | None, limit: int
-) -> list[BlockNode]:
-    path: list[BlockNode] = []
-    start = 0
-    for block in range(limit):
-        bucket = node.children.get(hashes[block])
-        if bucket is None:
-            break
-        wanted = tokens[start : start + BLOCK_TOKENS]
-        extra = 0 if extras is None else extras[block]
-        for child in bucket:
-            if child.tokens == wanted and child.extra == extra:
-                break
-        else:
-            break
-        node = child
-        path.append(child)
-        start += BLOCK_TOKENS
-    return path
-
-
 def _walk_bytes(
     node: BlockNode, packed: bytes, hashes: Sequence[int], extras: Sequence[int] | None, limit: int
 ) -> list[BlockNode]:
-    """The same exact walk comparing 256-byte packed blocks (a bytes slice is one memcpy)."""
+    """The exact walk, comparing 256-byte packed blocks (a bytes slice is one memcpy)."""
     path: list[BlockNode] = []
     start = 0
     width = 4 * BLOCK_TOKENS
