@@ -49,11 +49,18 @@ def subtree_removable(top: BlockNode) -> bool:
     stack = [top]
     while stack:
         node = stack.pop()
-        if node.pinned or Residency.FILLING in (node.device_state, node.host_state):
+        if not subtree_removable_node(node):
             return False
-        for snap in node.snapshots:
-            states = (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
-            if snap.restore_pins > 0 or Residency.FILLING in states:
-                return False
         stack.extend(node.iter_children())
+    return True
+
+
+def subtree_removable_node(node: BlockNode) -> bool:
+    """``node`` itself and its snapshots are neither pinned nor have a copy in flight. Pure."""
+    if node.pinned or Residency.FILLING in (node.device_state, node.host_state):
+        return False
+    for snap in node.snapshots:
+        states = (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
+        if snap.restore_pins > 0 or Residency.FILLING in states:
+            return False
     return True

@@ -40,7 +40,6 @@ from hybridcache.cache.slab_pool import HostSlabPool
 _RESIDENT, _FILLING = Residency.RESIDENT, Residency.FILLING
 _NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
 _SLOT_FREE = SlotRole.FREE
-_CHECKPOINT = ev.Checkpoint
 
 
 class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
@@ -49,7 +48,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
     def __init__(self, geometry: CacheGeometry) -> None:
         self.geometry = geometry
         self.seq = 0
-        self.cache_epoch = 0  # bumps on every applied event but Checkpoint; quotes carry it
+        self.checkpoints = 0  # Checkpoint events applied: the only events that leave cache_epoch alone
         self.gdsf_l = 0.0
         self.root = BlockNode(ROOT_NODE, None, HASH_SEED, (), 0)
         self.root.device_state = _RESIDENT
@@ -108,21 +107,25 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
     def apply(self, event: ev.CacheEvent) -> None:
         """Apply one event. Mutates. Raises EventRejected (index unchanged) when out of sequence or
         inconsistent with the current state."""
-        seq, kind = event.seq, type(event)
+        seq = event.seq
         if seq != self.seq + 1:
-            raise EventRejected(f"{kind.__name__}: seq {seq} but the index is at {self.seq}")
+            raise EventRejected(f"{type(event).__name__}: seq {seq} but the index is at {self.seq}")
         try:
-            handler = self._handlers[kind]
+            handler = self._handlers[type(event)]
         except KeyError:
-            raise EventRejected(f"unknown event type {kind.__name__}") from None
+            raise EventRejected(f"unknown event type {type(event).__name__}") from None
         handler(event)  # validates fully before its first mutation
         self.seq = seq
-        if kind is not _CHECKPOINT:
-            self.cache_epoch += 1
+
+    @property
+    def cache_epoch(self) -> int:
+        """Bumps on every applied event but a Checkpoint (which changes nothing); quotes carry it. Pure."""
+        return self.seq - self.checkpoints
 
     def _apply_checkpoint(self, event: ev.Checkpoint) -> None:
         if event.digest != self.digest():
             raise EventRejected(f"Checkpoint at seq {event.seq}: digest differs from the index state")
+        self.checkpoints += 1
 
     # ------------------------------------------------------------------ read helpers
     @property
@@ -191,8 +194,10 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             if node.device_state is _RESIDENT:
                 want = _BACKED if host_resident else _UNBACKED
             dead = host_resident and node.live_snapshots_below == 0
-        if node.lru_list is not want:
-            self.lru.remove(node)
+        listed = node.lru_list
+        if listed is not want:
+            if listed is not _NONE:
+                self.lru.remove(node)
             if want is not _NONE:
                 self.lru.push_mru(node, want)
         if dead:
@@ -221,11 +226,14 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         self.lru.unpin_path(path, self.dead_nodes)
 
     def _refresh_tail(self, snap: Snapshot) -> None:
+        """Bring the snapshot tail's LRU membership in line with its fields. Mutates."""
         want = _NONE
         if snap.tail_device_state is _RESIDENT and snap.restore_pins == 0:
             want = _BACKED if snap.tail_host_state is _RESIDENT else _UNBACKED
-        if snap.lru_list is not want:
-            self.lru.remove(snap)
+        listed = snap.lru_list
+        if listed is not want:
+            if listed is not _NONE:
+                self.lru.remove(snap)
             if want is not _NONE:
                 self.lru.push_mru(snap, want)
 
@@ -340,11 +348,14 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 raise EventRejected(f"{what}: slab {slab} is not free")
 
     def _check_free_pages(self, pages: tuple[int, ...], what: str) -> None:
-        if len(set(pages)) != len(pages):
+        """Every page is in range, free and named once. Pure; raises EventRejected naming the first bad."""
+        if len(pages) > 1 and len(set(pages)) != len(pages):
             raise EventRejected(f"{what}: a page is named twice")
-        if not self.pages.all_free(pages):
-            page = next(p for p in pages if not self.pages.is_free(p))
-            raise EventRejected(f"{what}: page {page} is not free")
+        owners = self.pages.owners
+        count = len(owners)
+        for page in pages:
+            if not 0 <= page < count or owners[page] is not None:
+                raise EventRejected(f"{what}: page {page} is not free")
 
     # ------------------------------------------------------------------ digest
     def digest(self) -> int:

@@ -6,6 +6,7 @@ Each handler validates everything first (raising EventRejected) and mutates only
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
@@ -45,6 +46,11 @@ _PAGE_TAIL = PageOwnerKind.TAIL
 _SLAB_NODE = SlabOwnerKind.NODE
 _SLAB_IMAGE = SlabOwnerKind.IMAGE
 _SLAB_TAIL = SlabOwnerKind.TAIL
+_PARENT_OF = attrgetter("parent")
+
+
+def _named_twice(ids: tuple[int, ...]) -> bool:
+    return len(ids) > 1 and len(set(ids)) != len(ids)
 
 
 class LaneHandlers(_Base):
@@ -82,22 +88,26 @@ class LaneHandlers(_Base):
             lane.resumed_from = source.id
 
     def _resolve_path(self, node_ids: tuple[int, ...]) -> list[BlockNode]:
-        """The nodes a staged lane maps, from block 0: each must exist, continue the previous one and have
-        a usable copy. Pure; raises EventRejected naming the first bad node."""
+        """The nodes a staged lane maps, from block 0: each must exist and continue the previous one. Pure;
+        raises EventRejected naming the first bad node.
+
+        Every node in the tree has a device or a host copy (§9.4: a node that loses its last copy is
+        deleted; ``check_integrity`` verifies it), so existing is enough to be usable. The chain test runs
+        in C: the parents of the path, compared element by element (identity first) with the path shifted.
+        """
         path = list(map(self.nodes.get, node_ids))  # type: ignore[arg-type]
-        parent, resident = self.root, _RESIDENT
-        for node in path:  # one pass per admission over ~90 nodes: kept to attribute checks
-            if node is None or node.parent is not parent:
-                break
-            if node.device_page is None and node.host_state is not resident:
-                break
-            parent = node
-        else:
+        try:
+            parents = list(map(_PARENT_OF, path))
+        except AttributeError:  # a missing node (None has no parent)
+            parents = None
+        if parents is not None and (not path or (parents[0] is self.root and parents[1:] == path[:-1])):
             return path
-        bad_id = node_ids[path.index(node)]  # the node the loop stopped at (None when missing)
-        if node is None or node.parent is not parent:
-            raise EventRejected(f"LaneStaged: node {bad_id} is missing or does not continue the path")
-        raise EventRejected(f"LaneStaged: node {bad_id} has no usable copy")
+        parent = self.root
+        for node_id, node in zip(node_ids, path):
+            if node is None or node.parent is not parent:
+                raise EventRejected(f"LaneStaged: node {node_id} is missing or does not continue the path")
+            parent = node
+        raise AssertionError("unreachable: the chain test failed but every link holds")  # pragma: no cover
 
     def _grant_pages(self, lane: Lane, pages: tuple[int, ...]) -> None:
         """Free pages become the lane's private pages, appended to its block table. Mutates."""
@@ -110,11 +120,15 @@ class LaneHandlers(_Base):
         lane = self.lane(e.lane) if e.lane is not None else None
         if len(e.nodes) != len(e.pages):
             raise EventRejected("RestoreOpened: one destination page per node")
-        nodes = [self.node(n) for n in e.nodes]
+        nodes = self._nodes_named(e.nodes) if e.nodes else []
+        if _named_twice(e.nodes):
+            raise EventRejected("RestoreOpened: a node is named twice")
+        absent, resident = _ABSENT, _RESIDENT
+        path = None if lane is None else lane.path
         for node in nodes:
-            if node.device_state != _ABSENT or node.host_state != _RESIDENT:
+            if node.device_state is not absent or node.host_state is not resident:
                 raise EventRejected(f"RestoreOpened: node {node.id} is not host-only")
-            if lane is not None and (node.depth >= len(lane.path) or lane.path[node.depth] is not node):
+            if path is not None and (node.depth >= len(path) or path[node.depth] is not node):
                 raise EventRejected(f"RestoreOpened: node {node.id} is not on lane {e.lane}'s path")
         pages = e.pages + ((e.tail_page,) if e.tail_page is not None else ())
         self._check_free_pages(pages, "RestoreOpened")
@@ -134,12 +148,13 @@ class LaneHandlers(_Base):
             if snap.host_state != _RESIDENT:
                 raise EventRejected(f"RestoreOpened: snapshot {snap.id}'s image is not on the host")
         self.next_batch_id = max(self.next_batch_id, e.batch + 1)
+        assign, unlist_dead, filling = self.pages.assign, self.dead_nodes.pop, _FILLING
         for node, page in zip(nodes, e.pages):
-            self.pages.assign(page, _PAGE_NODE, node.id)
-            node.device_page = PageId(page)
-            node.device_state = _FILLING
+            assign(page, _PAGE_NODE, node.id)
+            node.device_page = page  # type: ignore[assignment]  # PageId is an int
+            node.device_state = filling
             node.restore_pins += 1
-            self._refresh_node(node)
+            unlist_dead(node.id, None)  # pinned now; device ABSENT before, so it was on no LRU list
         if snap is not None:
             snap.restore_pins += 1
             if e.tail_page is not None:
@@ -198,8 +213,9 @@ class LaneHandlers(_Base):
         if lane.slot is not None:
             self.slots.set_role(lane.slot, _SLOT_FREE, None)
         self._drop_source_pin(lane)
+        release = self.pages.release
         for page in lane.private:
-            self.pages.release(page)
+            release(page)
         self._unpin_path(lane.path)
         for batch in self.restores.values():
             if batch.lane == lane.id:
@@ -283,25 +299,26 @@ class LaneHandlers(_Base):
 
     # ------------------------------------------------------------------ eviction of node copies
     def _apply_device_copies_dropped(self, e: ev.DeviceCopiesDropped) -> None:
-        nodes = [self.node(n) for n in e.nodes]
-        tails = [self.snapshot(s) for s in e.tails]
-        if len({n.id for n in nodes}) != len(nodes) or len({s.id for s in tails}) != len(tails):
+        nodes = self._nodes_named(e.nodes) if e.nodes else []
+        tails = self._snapshots_named(e.tails) if e.tails else []
+        if _named_twice(e.nodes) or _named_twice(e.tails):
             raise EventRejected("DeviceCopiesDropped: an entry is named twice")
+        backed = _BACKED
         for entry in (*nodes, *tails):
-            if entry.lru_list != _BACKED:
+            if entry.lru_list is not backed:
                 raise EventRejected(f"DeviceCopiesDropped: {entry.id} is not a host-backed LRU entry")
-        for node in nodes:
-            assert node.device_page is not None
-            self.pages.release(node.device_page)
+        release, unlist = self.pages.release, self.lru.remove
+        absent = _ABSENT
+        for node in nodes:  # unpinned and host resident: only LRU membership follows the device copy
+            release(node.device_page)  # type: ignore[arg-type]  # listed => device resident
             node.device_page = None
-            node.device_state = _ABSENT
-            self._refresh_node(node)
+            node.device_state = absent
+            unlist(node)
         for snap in tails:
-            assert snap.tail_device_page is not None
-            self.pages.release(snap.tail_device_page)
+            release(snap.tail_device_page)  # type: ignore[arg-type]
             snap.tail_device_page = None
-            snap.tail_device_state = _ABSENT
-            self._refresh_tail(snap)
+            snap.tail_device_state = absent
+            unlist(snap)
 
     def _apply_subtree_deleted(self, e: ev.SubtreeDeleted) -> None:
         top = self.node(e.node)
@@ -324,48 +341,39 @@ class LaneHandlers(_Base):
 
     # ------------------------------------------------------------------ write-through
     def _apply_host_write_opened(self, e: ev.HostWriteOpened) -> None:
-        self._check_new_batch(e.batch, "HostWriteOpened")
-        nodes = self._nodes_named(e.nodes)
-        images = self._snapshots_named(e.images)
-        tails = self._snapshots_named(e.tails)
+        batch = e.batch
+        if batch < 0 or batch in self.restores or batch in self.host_writes:
+            raise EventRejected(f"HostWriteOpened: batch id {batch} is in use")
+        nodes = self._nodes_named(e.nodes) if e.nodes else []
+        images = self._snapshots_named(e.images) if e.images else []
+        tails = self._snapshots_named(e.tails) if e.tails else []
         if (
             len(e.node_slabs) != len(nodes)
             or len(e.image_slabs) != len(images)
             or len(e.tail_slabs) != len(tails)
         ):
             raise EventRejected("HostWriteOpened: one slab (or slab list) per entry")
-        named_twice = len(set(e.nodes)) != len(nodes) or len(set(e.images)) != len(images)
-        if named_twice or len(set(e.tails)) != len(tails):
+        if _named_twice(e.nodes) or _named_twice(e.images) or _named_twice(e.tails):
             raise EventRejected("HostWriteOpened: an entry is named twice")
-        resident, absent = _RESIDENT, _ABSENT
-        for node in nodes:
-            if node.device_state is not resident or node.host_state is not absent:
-                raise EventRejected(f"HostWriteOpened: node {node.id} is not device-only")
-        image_slabs = self.geometry.image_slabs
-        for snap, group in zip(images, e.image_slabs):
-            if snap.device_state is not resident or snap.host_state is not absent:
-                raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s image is not device-only")
-            if len(group) != image_slabs:
-                raise EventRejected(f"HostWriteOpened: an image takes {image_slabs} slabs")
-        for snap in tails:
-            if snap.tail_device_state is not resident or snap.tail_host_state is not absent:
-                raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s tail is not device-only")
+        self._check_write_sources(nodes, images, tails, e.image_slabs)
         all_slabs = list(e.node_slabs)
         for group in e.image_slabs:
             all_slabs += group
         all_slabs += e.tail_slabs
         self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
-        self.next_batch_id = max(self.next_batch_id, e.batch + 1)
-        owners, filling = self.slab_owners, _FILLING
+        if batch >= self.next_batch_id:
+            self.next_batch_id = batch + 1
+        owners, filling, remove = self.slab_owners, _FILLING, self.lru.remove
         for node, slab in zip(nodes, e.node_slabs):
             owners[slab] = (_SLAB_NODE, node.id)
             node.host_slab = slab
             node.host_state = filling
             node.restore_pins += 1
-            self.lru.remove(node)  # pinned: off the LRU; host ABSENT before, so never on the dead list
+            remove(node)  # pinned: off the LRU; host ABSENT before, so never on the dead list
         for snap, group in zip(images, e.image_slabs):
+            owned = (_SLAB_IMAGE, snap.id)
             for slab in group:
-                owners[slab] = (_SLAB_IMAGE, snap.id)
+                owners[slab] = owned
             snap.host_slabs = tuple(group)
             snap.host_state = filling
             snap.restore_pins += 1
@@ -375,7 +383,26 @@ class LaneHandlers(_Base):
             snap.tail_host_state = filling
             snap.restore_pins += 1
             self._refresh_tail(snap)
-        self.host_writes[e.batch] = HostWriteBatch(nodes, images, tails)
+        self.host_writes[batch] = HostWriteBatch(nodes, images, tails)
+
+    def _check_write_sources(
+        self, nodes: list[BlockNode], images: list, tails: list, image_slabs: tuple[tuple[int, ...], ...]
+    ) -> None:
+        """Nodes, images and tails of a write batch are device-only; an image names its slab count. Pure;
+        raises EventRejected naming the first bad entry."""
+        resident, absent = _RESIDENT, _ABSENT
+        for node in nodes:
+            if node.device_state is not resident or node.host_state is not absent:
+                raise EventRejected(f"HostWriteOpened: node {node.id} is not device-only")
+        slab_count = self.geometry.image_slabs
+        for snap, group in zip(images, image_slabs):
+            if snap.device_state is not resident or snap.host_state is not absent:
+                raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s image is not device-only")
+            if len(group) != slab_count:
+                raise EventRejected(f"HostWriteOpened: an image takes {slab_count} slabs")
+        for snap in tails:
+            if snap.tail_device_state is not resident or snap.tail_host_state is not absent:
+                raise EventRejected(f"HostWriteOpened: snapshot {snap.id}'s tail is not device-only")
 
     def _apply_host_write_landed(self, e: ev.HostWriteLanded) -> None:
         batch = self.host_writes.get(e.batch)

@@ -78,6 +78,5 @@ class LoadedHandlers(_Base):
         anchor.snapshots.append(snap)
         self.snapshots[snap.id] = snap
         self.snapshot_by_key[(anchor.id, tail)] = snap
-        self._link_ancestry(snap)
-        self._adjust_live_below(anchor, +1)
+        self._attach_snapshot(snap)
         self._refresh_tail(snap)

@@ -44,6 +44,19 @@ def _is_prefix(short: tuple[int, ...], long: tuple[int, ...]) -> bool:
     return len(short) <= len(long) and long[: len(short)] == short
 
 
+def _deepest_above(candidates: list[Snapshot], snap: Snapshot, following: tuple[int, ...]) -> Snapshot | None:
+    """Among ``candidates`` (anchored on one node of ``snap``'s path), the deepest one strictly before
+    ``snap`` whose tail is a prefix of ``following`` (the tokens after that node on ``snap``'s path)."""
+    best = None
+    frontier = snap.frontier
+    for other in candidates:
+        if other is snap or other.frontier >= frontier:
+            continue
+        if _is_prefix(other.tail_tokens, following) and (best is None or other.frontier > best.frontier):
+            best = other
+    return best
+
+
 class SnapshotHandlers(_Base):
     # ------------------------------------------------------------------ taps (§7.4)
     def _apply_tap_taken(self, e: ev.TapTaken) -> None:
@@ -124,8 +137,7 @@ class SnapshotHandlers(_Base):
         anchor.snapshots.append(snap)
         self.snapshots[snap.id] = snap
         self.snapshot_by_key[(anchor.id, tail)] = snap
-        self._link_ancestry(snap)
-        self._adjust_live_below(anchor, +1)
+        self._attach_snapshot(snap)
         self._refresh_tail(snap)
 
     def _check_tail_page(self, e: ev.SnapshotPublished, lane, tail: tuple[int, ...]) -> bool:
@@ -225,29 +237,50 @@ class SnapshotHandlers(_Base):
         node: BlockNode | None = snap.anchor
         following = snap.tail_tokens
         while node is not None:
-            best = None
-            for other in node.snapshots:
-                if other is snap or other.frontier >= snap.frontier:
-                    continue
-                if _is_prefix(other.tail_tokens, following) and (
-                    best is None or other.frontier > best.frontier
-                ):
-                    best = other
+            best = _deepest_above(node.snapshots, snap, following)
             if best is not None:
                 return best
             following = node.tokens
             node = node.parent
         return None
 
-    def _link_ancestry(self, snap: Snapshot) -> None:
-        ancestor = self.find_ancestor(snap)
+    def _attach_snapshot(self, snap: Snapshot) -> None:
+        """A new snapshot (already in its anchor's list) counts as live from its anchor to the root and
+        gets its ancestry links (§9.3), in one walk up the path. Mutates."""
+        refresh = self._refresh_node
+        child = anchor = snap.anchor
+        live = anchor.live_snapshots_below = anchor.live_snapshots_below + 1
+        if live == 1:
+            refresh(anchor)
+        ancestor = None
+        if len(anchor.snapshots) > 1:  # snap itself is listed already
+            ancestor = _deepest_above(anchor.snapshots, snap, snap.tail_tokens)
+        node = anchor.parent
+        while node is not None and ancestor is None:  # one step per block: find_ancestor, fused
+            live = node.live_snapshots_below = node.live_snapshots_below + 1
+            if live == 1:
+                refresh(node)
+            if node.snapshots:
+                ancestor = _deepest_above(node.snapshots, snap, child.tokens)
+            child, node = node, node.parent
+        while node is not None:  # above the ancestor, live counts only
+            live = node.live_snapshots_below = node.live_snapshots_below + 1
+            if live == 1:
+                refresh(node)
+            node = node.parent
+        self._link_below(snap, ancestor)
+
+    def _link_below(self, snap: Snapshot, ancestor: Snapshot | None) -> None:
+        """``snap`` records ``ancestor`` and takes over the dependents of it that lie below ``snap``."""
         pool = self.root_dependents if ancestor is None else ancestor.dependents
         snap.ancestor = ancestor
-        for dependent in list(pool.values()):
-            if self.is_above(snap, dependent):
-                del pool[dependent.id]
-                dependent.ancestor = snap
-                snap.dependents[dependent.id] = dependent
+        if pool:
+            frontier = snap.frontier
+            for dependent in list(pool.values()):
+                if dependent.frontier > frontier and self.is_above(snap, dependent):
+                    del pool[dependent.id]
+                    dependent.ancestor = snap
+                    snap.dependents[dependent.id] = dependent
         pool[snap.id] = snap
 
     def _unlink_ancestry(self, snap: Snapshot) -> None:

@@ -59,18 +59,24 @@ class DeviceLru:
         raise ValueError(f"{which!r} is not a device LRU list")
 
     def push_mru(self, entry: LruLinks, which: LruList) -> None:
-        """Append ``entry`` at the MRU end of ``which``. Mutates; raises ValueError if already listed."""
+        """Append ``entry`` at the MRU end of ``which``. Mutates; raises ValueError if already listed or
+        ``which`` is not a list."""
         if entry.lru_list is not _NONE:
             raise ValueError("entry is already on a device LRU list")
-        sentinel = self._sentinel(which)
+        if which is _BACKED:
+            sentinel = self._backed
+        elif which is _UNBACKED:
+            sentinel = self._unbacked
+        else:
+            sentinel = self._sentinel(which)  # an int equal to a member, or a bad value (raises)
+            which = _BACKED if sentinel is self._backed else _UNBACKED  # store a member, not an int
         last = sentinel.lru_prev
-        assert last is not None
         entry.lru_prev = last
         entry.lru_next = sentinel
-        last.lru_next = entry
+        last.lru_next = entry  # type: ignore[union-attr]
         sentinel.lru_prev = entry
-        listed = entry.lru_list = _BACKED if sentinel is self._backed else _UNBACKED  # a member, not an int
-        self._counts[listed] += 1
+        entry.lru_list = which
+        self._counts[which] += 1
 
     def remove(self, entry: LruLinks) -> None:
         """Unlink ``entry`` if listed (no-op otherwise). Mutates."""

@@ -92,7 +92,8 @@ def _frontier_in_media(frontier: int, spans: Sequence[tuple[int, int]]) -> bool:
 
 
 def match(index: PrefixIndex, prompt: PromptInput) -> Match:
-    """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1. Pure.
+    """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1. Pure (logically: a node
+    reached for the first time fills its packed-token memo, ``BlockNode.packed_tokens``).
 
     The walk compares packed 256-byte blocks: ``prompt.token_bytes`` when given (it must pack exactly
     ``prompt.tokens``), else the matchable prefix packed here. Tokens and extra keys decide, never the hash.
@@ -137,7 +138,10 @@ def _walk_bytes(
         wanted = packed[start : start + width]
         extra = 0 if extras is None else extras[block]
         for child in bucket:
-            if child.token_bytes == wanted and child.extra == extra:
+            child_bytes = child.token_bytes
+            if child_bytes is None:  # a node no prompt has reached yet packs once
+                child_bytes = child.packed_tokens()
+            if child_bytes == wanted and child.extra == extra:
                 break
         else:
             break

@@ -106,22 +106,24 @@ class BlockNode(LruLinks):
     root); ``live_snapshots_below`` counts snapshots whose anchor is this node or a descendant.
     """
 
-    __slots__ = (
+    # Slots are laid out in this order after the inherited LRU links: the fields that the walks over a path
+    # read (parent walk, pins, liveness, dead list) come first so they sit together at the object's start.
+    __slots__ = (  # noqa: RUF023 - ordered for memory locality, not alphabetically
+        "parent",
+        "live_snapshots_below",
         "active_refs",
-        "children",
-        "depth",
-        "device_page",
+        "restore_pins",
+        "last_access_tick",
+        "snapshots",
         "device_state",
-        "extra",
-        "host_slab",
         "host_state",
         "id",
-        "last_access_tick",
-        "live_snapshots_below",
+        "device_page",
+        "host_slab",
+        "depth",
+        "children",
         "lookup_hash",
-        "parent",
-        "restore_pins",
-        "snapshots",
+        "extra",
         "token_bytes",
         "tokens",
     )
@@ -136,7 +138,7 @@ class BlockNode(LruLinks):
         self.depth = -1 if parent is None else parent.depth + 1  # block index; root is -1
         self.lookup_hash = lookup_hash
         self.tokens = tokens
-        self.token_bytes = pack_tokens(tokens)  # uint32 little-endian, for byte-wise match (§6.1)
+        self.token_bytes: bytes | None = None  # packed on first match (``packed_tokens``), never in apply
         self.extra = extra
         self.children: dict[int, list[BlockNode]] = {}  # lookup_hash -> children (collisions listed)
         self.device_page: PageId | None = None
@@ -148,6 +150,17 @@ class BlockNode(LruLinks):
         self.live_snapshots_below = 0
         self.last_access_tick = 0
         self.snapshots: list[Snapshot] = []  # anchored here, in publication order
+
+    def packed_tokens(self) -> bytes:
+        """The tokens as packed uint32 little-endian, for the byte-wise match walk (§6.1).
+
+        Packed on first use and kept in ``token_bytes``: a memo of identity fields that never change, not
+        logical state (no digest, no event). Applying an event never packs, so a replay pays nothing for
+        nodes no prompt reaches. Mutates only the memo; raises nothing for tokens the tree accepted."""
+        packed = self.token_bytes
+        if packed is None:
+            packed = self.token_bytes = pack_tokens(self.tokens)
+        return packed
 
     def child(self, lookup_hash: int, tokens: tuple[int, ...], extra: int) -> BlockNode | None:
         """The child with exactly these tokens and extra key; the hash only selects candidates."""
