@@ -5,6 +5,10 @@ A StateImage is every Gated DeltaNet layer's recurrent memory for one sequence: 
 (`[value_heads, key_head_dim, value_head_dim]`). Roles (active lane / snapshot / staging) are a map kept by
 the engine; here a slot is only bytes. `image_parts` lays an image out as named byte ranges in forward order
 (layer by layer, conv then recurrent), which is what restores and write-through move part by part.
+
+`plan_slot_runs` groups a decode batch's slots into runs of consecutive slot indices, so the decode step can
+update each run's recurrent states in place through one view of the plane instead of gathering every lane's
+state into a copy and scattering it back.
 """
 
 from __future__ import annotations
@@ -25,6 +29,47 @@ class ImagePart(NamedTuple):
     layer: int
     offset: int
     nbytes: int
+
+
+class SlotRun(NamedTuple):
+    """Slots `first_slot ..< first_slot + count` hold the states of lanes `lanes` (a range of the batch in
+    slot order: positions in `SlotRuns.order`)."""
+
+    first_slot: int
+    lanes: slice
+
+
+class SlotRuns(NamedTuple):
+    """A decode batch's slots grouped into runs of consecutive slots.
+
+    `index` is the int64 `[B]` slot of each lane (batch order). `order` is the permutation (int64 `[B]`)
+    that sorts the lanes by slot, or None when they already are; `runs` cover the sorted lanes in order.
+    """
+
+    index: torch.Tensor
+    order: torch.Tensor | None
+    runs: tuple[SlotRun, ...]
+
+
+def plan_slot_runs(slots: Sequence[SlotId], device: torch.device | str = "cpu") -> SlotRuns:
+    """Group distinct `slots` (one per lane) into runs of consecutive slots. Pure; raises ValueError on a
+    repeated slot."""
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"decode slots must be distinct, got {list(slots)}")
+    by_slot = sorted(range(len(slots)), key=lambda lane: slots[lane])
+    sorted_slots = [int(slots[lane]) for lane in by_slot]
+    runs: list[SlotRun] = []
+    start = 0
+    for end in range(1, len(sorted_slots) + 1):
+        if end == len(sorted_slots) or sorted_slots[end] != sorted_slots[end - 1] + 1:
+            runs.append(SlotRun(sorted_slots[start], slice(start, end)))
+            start = end
+    in_order = by_slot == list(range(len(slots)))
+    return SlotRuns(
+        index=torch.as_tensor([int(slot) for slot in slots], dtype=torch.long, device=device),
+        order=None if in_order else torch.as_tensor(by_slot, dtype=torch.long, device=device),
+        runs=tuple(runs),
+    )
 
 
 class StateShape(NamedTuple):

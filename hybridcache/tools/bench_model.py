@@ -2,6 +2,8 @@
 
 Prints one name=value per line: prefill tok/s and decode tok/s (batch 1 and 4) for both implementations,
 their ratios (`prefill_vs_transformers`, `decode_vs_transformers` = batch-4 decode, plus the batch-1 ratio),
+measured with the two implementations loaded together and their timed runs interleaved (this machine's load
+from other processes varies; interleaving puts it on both sides alike),
 and the peak RSS of loading (measured in a fresh process, which then touches every weight) vs the size of
 the weight files. The checkpoint is `--checkpoint DIR`, or the `--preset` built once into a cache folder.
 """
@@ -17,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -61,16 +64,55 @@ def run(args: argparse.Namespace) -> int:
     if not args.skip_load_memory:
         _print_load_memory(directory, args.dtype)
     dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
-    ours = _measure_ours(directory, dtype, args.prompt_tokens, args.decode_steps, args.repeats)
-    theirs = _measure_transformers(directory, dtype, args.prompt_tokens, args.decode_steps, args.repeats)
-    for name, value in ours.items():
-        print(f"ours_{name}={value:.1f}")
-    for name, value in theirs.items():
-        print(f"transformers_{name}={value:.1f}")
+    shape = Workload(args.prompt_tokens, args.decode_steps)
+    sides = {"ours": _ours(directory, dtype, shape), "transformers": _transformers(directory, dtype, shape)}
+    rates = _measure_side_by_side(sides, shape, args.repeats)
+    for side, measured in rates.items():
+        for name, value in measured.items():
+            print(f"{side}_{name}={value:.1f}")
+    ours, theirs = rates["ours"], rates["transformers"]
     print(f"prefill_vs_transformers={ours['prefill_tok_s'] / theirs['prefill_tok_s']:.2f}")
     print(f"decode_b1_vs_transformers={ours['decode_b1_tok_s'] / theirs['decode_b1_tok_s']:.2f}")
     print(f"decode_vs_transformers={ours['decode_b4_tok_s'] / theirs['decode_b4_tok_s']:.2f}")
     return 0
+
+
+class Workload(NamedTuple):
+    prompt_tokens: int
+    decode_steps: int
+
+
+class Side(NamedTuple):
+    """One implementation's timed actions: a prefill of the prompt, and `decode_steps` decode steps at batch
+    1 and at batch `DECODE_LANES` (every lane at the prompt's length)."""
+
+    prefill: Callable[[], object]
+    decode_b1: Callable[[], object]
+    decode_b4: Callable[[], object]
+
+
+def _measure_side_by_side(
+    sides: dict[str, Side], shape: Workload, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Tokens per second of each side's actions: each action warmed up once, then timed `repeats` times with
+    the two sides interleaved (ours, theirs, ours, ...), so load from other processes on this machine falls
+    on both alike; the best time is kept."""
+    tokens = {
+        "prefill": shape.prompt_tokens,
+        "decode_b1": shape.decode_steps,
+        "decode_b4": shape.decode_steps * DECODE_LANES,
+    }
+    best = {side: dict.fromkeys(tokens, float("inf")) for side in sides}
+    for action in tokens:
+        for side in sides.values():
+            getattr(side, action)()  # warm-up
+        for _ in range(repeats):
+            for name, side in sides.items():
+                best[name][action] = min(best[name][action], _timed(getattr(side, action)))
+    return {
+        name: {f"{action}_tok_s": tokens[action] / seconds for action, seconds in times.items()}
+        for name, times in best.items()
+    }
 
 
 def _preset_checkpoint(preset: str) -> Path:
@@ -82,14 +124,11 @@ def _preset_checkpoint(preset: str) -> Path:
     return ensure_preset(preset)
 
 
-def _timed(action: Callable[[], object], repeats: int = 1) -> float:
-    """The best wall time of `repeats` runs of `action` (this machine's timings are noisy)."""
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        action()
-        best = min(best, time.perf_counter() - started)
-    return best
+def _timed(action: Callable[[], object]) -> float:
+    """Wall seconds of one run of `action`."""
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
 
 
 def _prompt(vocab_size: int, length: int) -> list[int]:
@@ -97,29 +136,30 @@ def _prompt(vocab_size: int, length: int) -> list[int]:
     return torch.randint(0, min(vocab_size, 30000), (length,), generator=generator).tolist()
 
 
-def _measure_ours(
-    directory: Path, dtype: torch.dtype | None, prompt_tokens: int, steps: int, repeats: int
-) -> dict[str, float]:
+def _ours(directory: Path, dtype: torch.dtype | None, shape: Workload) -> Side:
     from hybridcache.gpu.model import load_model
 
     model = load_model(directory, dtype=dtype)
-    prompt = _prompt(model.config.vocab_size, prompt_tokens)
-    pages_per_lane = pages_for_tokens(prompt_tokens + steps + 1)
+    prompt = _prompt(model.config.vocab_size, shape.prompt_tokens)
+    pages_per_lane = pages_for_tokens(shape.prompt_tokens + shape.decode_steps + 1)
     kv = model.new_kv_pools(pages_per_lane * DECODE_LANES)
     states = model.new_state_slots(DECODE_LANES)
     tables = [
         [PageId(lane * pages_per_lane + i) for i in range(pages_per_lane)] for lane in range(DECODE_LANES)
     ]
-    model.prefill(prompt[:64], 0, tables[0], SlotId(0), kv, states)  # warm-up
-    prefill_s = _timed(lambda: model.prefill(prompt, 0, tables[0], SlotId(0), kv, states), repeats)
+
+    def prefill() -> None:
+        model.prefill(prompt, 0, tables[0], SlotId(0), kv, states)
+
+    prefill()
     for lane in range(1, DECODE_LANES):
         states.copy_slot(SlotId(0), SlotId(lane))
         for page in range(pages_per_lane):
             kv.copy_page(tables[0][page], tables[lane][page])
 
-    def decode(lanes: int) -> None:
-        for step in range(steps):
-            position = prompt_tokens + step
+    def decode(lanes: int) -> None:  # rewrites the same positions on every call
+        for step in range(shape.decode_steps):
+            position = shape.prompt_tokens + step
             model.decode(
                 [prompt[step]] * lanes,
                 [position] * lanes,
@@ -129,46 +169,31 @@ def _measure_ours(
                 states,
             )
 
-    decode(1)  # warm-up (rewrites the same positions each time)
-    decode_b1 = _timed(lambda: decode(1), repeats)
-    decode_b4 = _timed(lambda: decode(DECODE_LANES), repeats)
-    return {
-        "prefill_tok_s": prompt_tokens / prefill_s,
-        "decode_b1_tok_s": steps / decode_b1,
-        "decode_b4_tok_s": steps * DECODE_LANES / decode_b4,
-    }
+    return Side(prefill, lambda: decode(1), lambda: decode(DECODE_LANES))
 
 
-def _measure_transformers(
-    directory: Path, dtype: torch.dtype | None, prompt_tokens: int, steps: int, repeats: int
-) -> dict[str, float]:
+def _transformers(directory: Path, dtype: torch.dtype | None, shape: Workload) -> Side:
+    """transformers' model as its users run it: eager forward passes with its own cache (what `generate`
+    does per step, without the sampling)."""
     import transformers
 
     config = json.loads((directory / "config.json").read_text())
     cls = getattr(transformers, config["architectures"][0])
     model = cls.from_pretrained(directory, dtype=dtype or "auto").eval()
-    prompt = torch.tensor([_prompt(config.get("vocab_size", 32000), prompt_tokens)])
+    prompt = torch.tensor([_prompt(config.get("vocab_size", 32000), shape.prompt_tokens)])
 
-    def prefill(ids: torch.Tensor):
+    @torch.inference_mode()
+    def prefill(ids: torch.Tensor = prompt):
         return model(ids, use_cache=True, logits_to_keep=1).cache
 
-    def decode(cache, lanes: int) -> None:
-        for step in range(steps):
+    @torch.inference_mode()
+    def decode(cache, lanes: int) -> None:  # extends the cache by `decode_steps` on every call
+        for step in range(shape.decode_steps):
             model(prompt[:, step : step + 1].expand(lanes, 1), cache=cache, use_cache=True)
 
-    with torch.inference_mode():
-        prefill(prompt[:, :64])  # warm-up
-        prefill_s = _timed(lambda: prefill(prompt), repeats)
-        cache = prefill(prompt)
-        batch_cache = _repeat_lanes(prefill(prompt), DECODE_LANES)
-        decode(prefill(prompt[:, :64]), 1)  # warm-up
-        decode_b1 = _timed(lambda: decode(cache, 1), repeats)  # each repeat extends the cache by `steps`
-        decode_b4 = _timed(lambda: decode(batch_cache, DECODE_LANES), repeats)
-    return {
-        "prefill_tok_s": prompt_tokens / prefill_s,
-        "decode_b1_tok_s": steps / decode_b1,
-        "decode_b4_tok_s": steps * DECODE_LANES / decode_b4,
-    }
+    cache = prefill()
+    batch_cache = _repeat_lanes(prefill(), DECODE_LANES)
+    return Side(prefill, lambda: decode(cache, 1), lambda: decode(batch_cache, DECODE_LANES))
 
 
 def _repeat_lanes(cache, lanes: int):

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import apply_rotary
 
@@ -23,7 +24,7 @@ class AttentionInputs(NamedTuple):
     Prefill (one lane, `n` tokens, context `T` = start + n): `write_index [n]` and `read_index [T]` are flat
     rows of a plane viewed as `[num_pages * 64, kv_heads, head_dim]`; `mask` is `[n, T]` bool, or None when
     the chunk starts at 0 (plain causal). Decode (`B` lanes, one token each): `write_index [B]`,
-    `read_index [B, L]` (L = longest context), `mask [B, 1, 1, L]`.
+    `read_index [B, L]` (L = longest context), `mask [B, 1, 1, L]`, or None when every lane sees all `L`.
     """
 
     cos: torch.Tensor
@@ -54,15 +55,15 @@ class FullAttention(NamedTuple):
     def _project(self, x: torch.Tensor, io: AttentionInputs) -> tuple[torch.Tensor, ...]:
         """(query [t, H, D], gate [t, H*D], key [t, Hkv, D], value [t, Hkv, D]) with RoPE applied."""
         tokens = x.shape[0]
-        query_gate = F.linear(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
+        query_gate = linear(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
         query, gate = query_gate.split(self.head_dim, dim=-1)
         query = rms_norm(query, self.q_norm, self.eps)
         key = rms_norm(
-            F.linear(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
+            linear(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
             self.k_norm,
             self.eps,
         )
-        value = F.linear(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
+        value = linear(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
         query = apply_rotary(query, io.cos, io.sin)
         key = apply_rotary(key, io.cos, io.sin)
         return query, gate.reshape(tokens, -1), key, value
@@ -82,7 +83,7 @@ class FullAttention(NamedTuple):
         return flat_k, flat_v
 
     def _finish(self, attended: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return F.linear(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
+        return linear(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
 
     def prefill(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
@@ -92,7 +93,7 @@ class FullAttention(NamedTuple):
         query, gate, key, value = self._project(x, io)
         flat_k, flat_v = self._write(planes, key, value, io)
         if io.mask is not None:
-            key, value = flat_k[io.read_index], flat_v[io.read_index]
+            key, value = flat_k.index_select(0, io.read_index), flat_v.index_select(0, io.read_index)
         attended = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
             key.transpose(0, 1).unsqueeze(0),
@@ -107,18 +108,25 @@ class FullAttention(NamedTuple):
     def decode(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
     ) -> torch.Tensor:
-        """`x [B, hidden]`, one token per lane -> `[B, hidden]`; writes each token's K/V into its page."""
+        """`x [B, hidden]`, one token per lane -> `[B, hidden]`; writes each token's K/V into its page.
+
+        The query heads that share a KV head attend as that head's query rows (`[B, Hkv, group, D]`), so each
+        lane's keys and values are read once per KV head rather than once per query head.
+        """
         lanes = x.shape[0]
         query, gate, key, value = self._project(x, io)
         flat_k, flat_v = self._write(planes, key, value, io)
-        keys = flat_k[io.read_index].transpose(1, 2)  # [B, Hkv, L, D]
-        values = flat_v[io.read_index].transpose(1, 2)
         attended = F.scaled_dot_product_attention(
-            query.unsqueeze(2),  # [B, H, 1, D]
-            keys,
-            values,
+            query.view(lanes, self.kv_heads, self.heads // self.kv_heads, self.head_dim),
+            self._gather(flat_k, io.read_index),
+            self._gather(flat_v, io.read_index),
             attn_mask=io.mask,
             scale=self.head_dim**-0.5,
-            enable_gqa=self.heads != self.kv_heads,
         )
         return self._finish(attended.reshape(lanes, -1), gate)
+
+    def _gather(self, flat: torch.Tensor, read_index: torch.Tensor) -> torch.Tensor:
+        """Rows `read_index [B, L]` of a flat plane as `[B, Hkv, L, D]` (a copy; a strided view of it)."""
+        lanes, context = read_index.shape
+        rows = flat.index_select(0, read_index.reshape(-1))
+        return rows.view(lanes, context, self.kv_heads, self.head_dim).transpose(1, 2)

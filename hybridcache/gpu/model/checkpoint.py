@@ -66,6 +66,23 @@ class SafetensorsFile:
         )
         return raw.view(entry.dtype).reshape(entry.shape)
 
+    def release(self, name: str, rows: slice) -> None:
+        """Drop this process's resident pages of tensor `name`'s rows `rows` (whole pages inside them only).
+
+        The mapping is copy-on-write and never written, so a later read of those rows faults the file's
+        bytes back in: views stay valid. Used after a weight was copied (packed or converted), so that
+        loading does not keep two resident copies. Raises KeyError when `name` is absent.
+        """
+        entry = self.entries[name]
+        row_bytes = (entry.end - entry.begin) // max(entry.shape[0], 1) if entry.shape else 0
+        first, stop, _ = rows.indices(entry.shape[0] if entry.shape else 0)
+        start = self._data_start + entry.begin + first * row_bytes
+        end = self._data_start + entry.begin + stop * row_bytes
+        page = mmap.PAGESIZE
+        low, high = -(-start // page) * page, end // page * page
+        if high > low:
+            self._mapping.madvise(mmap.MADV_DONTNEED, low, high - low)
+
 
 class CheckpointWeights:
     """Every weight of a checkpoint directory by name, each file mapped once and lazily.
@@ -100,6 +117,14 @@ class CheckpointWeights:
         if name not in file.entries:
             raise CheckpointError(path, f"missing weight {name!r} (listed in {INDEX_FILE})")
         return file.tensor(name)
+
+    def release(self, name: str, rows: slice = slice(None)) -> None:
+        """Drop the resident pages of weight `name` (its rows `rows`); see `SafetensorsFile.release`.
+
+        Mutates nothing a reader can see; raises `CheckpointError` when the weight is missing.
+        """
+        self.tensor(name)  # maps the file and checks the name
+        self._files[self._owner[name]].release(name, rows)
 
     def nbytes(self) -> int:
         """Total bytes of the weight files (what memory-mapping all of them costs at most)."""

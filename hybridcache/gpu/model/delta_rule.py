@@ -4,13 +4,16 @@ For each value head with key `k_t`, value `v_t`, query `q_t` (q and k L2-normali
 `1/sqrt(key_head_dim)`), write strength `beta_t` and log-decay `g_t <= 0`, the state `S` (`[dk, dv]`) evolves
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,    o_t = S_t^T q_t.
 The chunked form processes `CHUNK` tokens at a time with a lower-triangular solve (the WY form), which is
-what makes prefill matmul-bound; the recurrent form steps a batch of lanes by one token. Pure functions:
-inputs are not mutated; the new state is returned.
+what makes prefill matmul-bound; it is pure and returns the final state. The recurrent form steps a batch of
+lanes by one token and updates their states in place in the slot plane (decode is memory-bound: the states
+are the largest per-lane data a step touches, so they are read once and never copied).
 """
 
 from __future__ import annotations
 
 import torch
+
+from hybridcache.gpu.state_slots import SlotRun, SlotRuns
 
 CHUNK = 64
 L2_EPS = 1e-6
@@ -84,21 +87,56 @@ def chunked_gated_delta_rule(
     return out, s
 
 
-def recurrent_gated_delta_rule(
+def recurrent_gated_delta_rule_(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_decay: torch.Tensor,
+    beta: torch.Tensor,
+    plane: torch.Tensor,
+    slots: SlotRuns,
+) -> torch.Tensor:
+    """One token for each of `B` lanes whose fp32 states live in `plane` (`[num_slots, Hv, dk, dv]`) at
+    `slots`. Shapes: query/key `[B, Hk, dk]`, value `[B, Hv, dv]`, log_decay/beta `[B, Hv]`. Returns the
+    output `[B, Hv, dv]` fp32.
+
+    Mutates the lanes' states in `plane` in place, one run of consecutive slots at a time (no gathered copy).
+    """
+    query, key = _prepare(query, key, value.shape[-2])
+    inputs = (query, key, value.float(), log_decay.float(), beta.float())
+    if slots.order is not None:
+        inputs = tuple(x.index_select(0, slots.order) for x in inputs)
+    outputs = [
+        _step_in_place(*(x[run.lanes] for x in inputs), plane[run.first_slot : run.first_slot + _count(run)])
+        for run in slots.runs
+    ]
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    if slots.order is not None:
+        out = torch.empty_like(out).index_copy_(0, slots.order, out)
+    return out
+
+
+def _count(run: SlotRun) -> int:
+    return run.lanes.stop - run.lanes.start
+
+
+def _step_in_place(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     log_decay: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token for each of `B` lanes. Shapes: query/key `[B, Hk, dk]`, value `[B, Hv, dv]`, log_decay/beta
-    `[B, Hv]`, state `[B, Hv, dk, dv]` fp32. Returns (output `[B, Hv, dv]` fp32, new state).
+) -> torch.Tensor:
+    """The recurrent rule for `R` lanes (prepared fp32 inputs) on their states `state [R, Hv, dk, dv]` (a view
+    into the plane), which is updated in place. Returns the output `[R, Hv, dv]`.
+
+    The state is read once for both `S^T q` and `S^T k`; the output is then
+    `exp(g) S^T q + (q . k) delta`, which equals `S_t^T q` of the new state without reading it again.
     """
-    query, key = _prepare(query, key, value.shape[-2])
-    decayed = state * log_decay.float().exp()[..., None, None]
-    predicted = (key.unsqueeze(-2) @ decayed).squeeze(-2)  # [B, Hv, dv]
-    delta = (value.float() - predicted) * beta.float().unsqueeze(-1)
-    new_state = decayed + key.unsqueeze(-1) * delta.unsqueeze(-2)
-    out = (query.unsqueeze(-2) @ new_state).squeeze(-2)
-    return out, new_state
+    decay = log_decay.exp().unsqueeze(-1)  # [R, Hv, 1]
+    read = torch.matmul(torch.stack((query, key), dim=-2), state)  # [R, Hv, 2, dv]
+    delta = (value - read[..., 1, :] * decay) * beta.unsqueeze(-1)
+    out = read[..., 0, :] * decay + (query * key).sum(dim=-1, keepdim=True) * delta
+    state.mul_(decay.unsqueeze(-1)).addcmul_(key.unsqueeze(-1), delta.unsqueeze(-2))
+    return out

@@ -13,8 +13,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule
+from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule_
+from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
+from hybridcache.gpu.state_slots import SlotRuns
 
 
 class GatedDeltaNet(NamedTuple):
@@ -37,10 +39,10 @@ class GatedDeltaNet(NamedTuple):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(mixed qkv [t, conv_dim], z [t, Hv, dv], beta [t, Hv], log-decay [t, Hv] fp32)."""
-        mixed = F.linear(x, self.in_proj_qkv)
-        z = F.linear(x, self.in_proj_z).view(x.shape[0], self.value_heads, self.value_head_dim)
-        beta = torch.sigmoid(F.linear(x, self.in_proj_b))
-        log_decay = self.neg_a * F.softplus(F.linear(x, self.in_proj_a).float() + self.dt_bias)
+        mixed = linear(x, self.in_proj_qkv)
+        z = linear(x, self.in_proj_z).view(x.shape[0], self.value_heads, self.value_head_dim)
+        beta = torch.sigmoid(linear(x, self.in_proj_b))
+        log_decay = self.neg_a * F.softplus(linear(x, self.in_proj_a).float() + self.dt_bias)
         return mixed, z, beta, log_decay
 
     def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,7 +58,7 @@ class GatedDeltaNet(NamedTuple):
 
     def _output(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         normed = gated_rms_norm(core.to(dtype), z, self.norm_weight, self.eps)
-        return F.linear(normed.reshape(core.shape[0], -1), self.out_proj)
+        return linear(normed.reshape(core.shape[0], -1), self.out_proj)
 
     def prefill(
         self, x: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, fresh: bool
@@ -79,17 +81,23 @@ class GatedDeltaNet(NamedTuple):
         return self._output(core, z, x.dtype)
 
     def decode(
-        self, x: torch.Tensor, conv_plane: torch.Tensor, recurrent_plane: torch.Tensor, slots: torch.Tensor
+        self, x: torch.Tensor, conv_plane: torch.Tensor, recurrent_plane: torch.Tensor, slots: SlotRuns
     ) -> torch.Tensor:
         """`x [B, hidden]`, one token per lane -> `[B, hidden]`.
 
-        Reads the states of `slots` (int64 `[B]`, distinct) from the planes and writes the new states back.
+        Reads the states of `slots` (lane b's slot is `slots.index[b]`) from the planes and writes the new
+        states back in place.
         """
         mixed, z, beta, log_decay = self._project(x)
-        window = torch.cat((conv_plane[slots], mixed.unsqueeze(-1).to(conv_plane.dtype)), dim=-1)  # [B, C, K]
-        conv_out = F.silu((window * self.conv_weight).sum(dim=-1))  # one output column: a dot per channel
-        conv_plane.index_copy_(0, slots, window[:, :, 1:])
+        conv_out = self._conv_step(mixed, conv_plane, slots.index)
         q, k, v = self._split(conv_out)
-        core, new_state = recurrent_gated_delta_rule(q, k, v, log_decay, beta, recurrent_plane[slots])
-        recurrent_plane.index_copy_(0, slots, new_state)
+        core = recurrent_gated_delta_rule_(q, k, v, log_decay, beta, recurrent_plane, slots)
         return self._output(core, z, x.dtype)
+
+    def _conv_step(self, mixed: torch.Tensor, conv_plane: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """One conv output column per lane (`[B, conv_dim]`, after SiLU); shifts `mixed` into the lanes'
+        conv states. Mutates `conv_plane` at `slots`."""
+        history = conv_plane.index_select(0, slots)
+        window = torch.cat((history, mixed.unsqueeze(-1).to(conv_plane.dtype)), dim=-1)  # [B, C, K]
+        conv_plane.index_copy_(0, slots, window[:, :, 1:])
+        return F.silu((window * self.conv_weight).sum(dim=-1))  # one output column: a dot per channel

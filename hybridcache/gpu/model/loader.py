@@ -1,7 +1,9 @@
 """Build a `Qwen35Model` from a Hugging Face checkpoint directory.
 
 Weights are zero-copy views into the memory-mapped safetensors files whenever the requested dtype is the
-stored one; only the small per-channel vectors (norm scales, `-exp(A_log)`) are computed copies. `mtp.*` and
+stored one; only the small per-channel vectors (norm scales, `-exp(A_log)`) are computed copies. On a CPU in
+bf16 the matmul weights are instead packed for oneDNN (`linear.py`) one at a time, each replacing its
+mapped pages, so resident memory stays about the size of the weights either way. `mtp.*` and
 vision weights are never touched. Every problem raises `CheckpointError` naming the file at fault.
 """
 
@@ -16,39 +18,87 @@ from hybridcache.gpu.model.checkpoint import CheckpointWeights
 from hybridcache.gpu.model.config import FULL_ATTENTION, ModelConfig, read_model_config
 from hybridcache.gpu.model.errors import CheckpointError
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
+from hybridcache.gpu.model.linear import can_pack, pack_weight
 from hybridcache.gpu.model.mlp import SwiGluMlp
 from hybridcache.gpu.model.moe import MoeBlock
 from hybridcache.gpu.model.norm import norm_scale
 from hybridcache.gpu.model.qwen3_5 import DecoderLayer, Qwen35Model
 
 CONFIG_FILE = "config.json"
+ROW_BLOCK = 16384
+"""Output rows per packed block of the lm_head: packing a block at a time keeps loading's transient memory
+at one block (the vocabulary projection is the largest weight)."""
 
 
 class _Reader:
-    """Shape-checked, dtype-converted weight reads (conversion copies only when the dtype differs)."""
+    """Shape-checked, dtype-converted weight reads (conversion copies only when the dtype differs).
 
-    def __init__(self, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device) -> None:
+    With `pack`, matmul weights come back packed for oneDNN (see `linear.py`) and the pages of their source
+    in the mapping are dropped once copied, so loading holds one resident copy of each weight.
+    """
+
+    def __init__(
+        self, weights: CheckpointWeights, dtype: torch.dtype, device: torch.device, pack: bool
+    ) -> None:
         self.weights = weights
         self.dtype = dtype
         self.device = device
+        self.pack = pack
 
-    def get(self, name: str, *shape: int) -> torch.Tensor:
+    def view(self, name: str, *shape: int) -> torch.Tensor:
+        """The stored tensor `name` (a view into the mapping), checked against `shape`."""
         tensor = self.weights.tensor(name)
         if tuple(tensor.shape) != shape:
             raise CheckpointError(
                 self.weights.file_of(name),
                 f"weight {name!r} has shape {list(tensor.shape)}, expected {list(shape)}",
             )
-        return tensor.to(device=self.device, dtype=self.dtype)
+        return tensor
+
+    def get(self, name: str, *shape: int) -> torch.Tensor:
+        return self.view(name, *shape).to(device=self.device, dtype=self.dtype)
 
     def optional(self, name: str, *shape: int) -> torch.Tensor | None:
         return self.get(name, *shape) if self.weights.has(name) else None
 
+    def matmul_weight(self, name: str, *shape: int) -> torch.Tensor:
+        """A `[out, in]` weight for `linear`: packed (its source pages released) or a plain view."""
+        if not self.pack:
+            return self.get(name, *shape)
+        packed = pack_weight(self.get(name, *shape))
+        self.weights.release(name)
+        return packed
+
+    def matmul_row_blocks(self, name: str, *shape: int) -> tuple[torch.Tensor, ...]:
+        """A large `[out, in]` weight as blocks of `ROW_BLOCK` output rows, each packed and its source pages
+        released before the next is read (one whole plain view when not packing)."""
+        if not self.pack:
+            return (self.get(name, *shape),)
+        stored = self.view(name, *shape)
+        blocks = []
+        for start in range(0, shape[0], ROW_BLOCK):
+            rows = slice(start, min(start + ROW_BLOCK, shape[0]))
+            blocks.append(pack_weight(stored[rows].to(device=self.device, dtype=self.dtype)))
+            self.weights.release(name, rows)
+        return tuple(blocks)
+
+    def pack_slice(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A slice of a stored weight (an expert of a fused layout), packed when packing."""
+        return pack_weight(tensor) if self.pack else tensor
+
 
 def load_model(
-    directory: Path | str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    directory: Path | str,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    pack_weights: bool | None = None,
 ) -> Qwen35Model:
-    """Load the checkpoint in `directory` (default dtype: the stored one). Raises `CheckpointError`."""
+    """Load the checkpoint in `directory` (default dtype: the stored one). Raises `CheckpointError`.
+
+    `pack_weights` (default: wherever `can_pack` says it applies, i.e. CPU bf16) stores the matmul
+    weights packed for oneDNN, which roughly doubles CPU decode speed; each packed copy replaces its mapped
+    pages, so resident memory stays about the size of the weights.
+    """
     directory = Path(directory)
     config = read_model_config(directory / CONFIG_FILE)
     weights = CheckpointWeights(directory)
@@ -58,14 +108,18 @@ def load_model(
         if weights.has(prefix + "embed_tokens.weight")
         else None
     )
-    reader = _Reader(weights, dtype or stored or torch.float32, torch.device(device))
+    dtype = dtype or stored or torch.float32
+    device = torch.device(device)
+    pack = can_pack(dtype, device) if pack_weights is None else pack_weights
+    reader = _Reader(weights, dtype, device, pack)
     embed = reader.get(prefix + "embed_tokens.weight", config.vocab_size, config.hidden_size)
     layers = [_decoder_layer(reader, config, i) for i in range(config.num_hidden_layers)]
     final_norm = norm_scale(reader.get(prefix + "norm.weight", config.hidden_size))
-    if config.tie_word_embeddings:
-        lm_head = embed
+    if config.tie_word_embeddings and not pack:
+        lm_head: tuple[torch.Tensor, ...] = (embed,)  # one table serves both
     else:
-        lm_head = reader.get("lm_head.weight", config.vocab_size, config.hidden_size)
+        head_name = prefix + "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+        lm_head = reader.matmul_row_blocks(head_name, config.vocab_size, config.hidden_size)
     return Qwen35Model(config, embed, layers, final_norm, lm_head)
 
 
@@ -101,10 +155,10 @@ def _attention(reader: _Reader, config: ModelConfig, name: str) -> FullAttention
     )
     bias = config.attention_bias
     return FullAttention(
-        q_proj=reader.get(name + "q_proj.weight", 2 * heads * head_dim, hidden),
-        k_proj=reader.get(name + "k_proj.weight", kv_heads * head_dim, hidden),
-        v_proj=reader.get(name + "v_proj.weight", kv_heads * head_dim, hidden),
-        o_proj=reader.get(name + "o_proj.weight", hidden, heads * head_dim),
+        q_proj=reader.matmul_weight(name + "q_proj.weight", 2 * heads * head_dim, hidden),
+        k_proj=reader.matmul_weight(name + "k_proj.weight", kv_heads * head_dim, hidden),
+        v_proj=reader.matmul_weight(name + "v_proj.weight", kv_heads * head_dim, hidden),
+        o_proj=reader.matmul_weight(name + "o_proj.weight", hidden, heads * head_dim),
         q_bias=reader.get(name + "q_proj.bias", 2 * heads * head_dim) if bias else None,
         k_bias=reader.get(name + "k_proj.bias", kv_heads * head_dim) if bias else None,
         v_bias=reader.get(name + "v_proj.bias", kv_heads * head_dim) if bias else None,
@@ -128,15 +182,15 @@ def _gated_deltanet(reader: _Reader, config: ModelConfig, name: str) -> GatedDel
             f"weight {name + 'A_log'!r} has shape {list(a_log.shape)}, expected [{value_heads}]",
         )
     return GatedDeltaNet(
-        in_proj_qkv=reader.get(name + "in_proj_qkv.weight", config.conv_dim, hidden),
-        in_proj_z=reader.get(name + "in_proj_z.weight", config.linear_value_dim, hidden),
-        in_proj_b=reader.get(name + "in_proj_b.weight", value_heads, hidden),
-        in_proj_a=reader.get(name + "in_proj_a.weight", value_heads, hidden),
+        in_proj_qkv=reader.matmul_weight(name + "in_proj_qkv.weight", config.conv_dim, hidden),
+        in_proj_z=reader.matmul_weight(name + "in_proj_z.weight", config.linear_value_dim, hidden),
+        in_proj_b=reader.matmul_weight(name + "in_proj_b.weight", value_heads, hidden),
+        in_proj_a=reader.matmul_weight(name + "in_proj_a.weight", value_heads, hidden),
         conv_weight=conv.squeeze(1),
         neg_a=-a_log.float().exp().to(reader.device),
         dt_bias=reader.get(name + "dt_bias", value_heads),
         norm_weight=reader.get(name + "norm.weight", config.linear_value_head_dim),
-        out_proj=reader.get(name + "out_proj.weight", hidden, config.linear_value_dim),
+        out_proj=reader.matmul_weight(name + "out_proj.weight", hidden, config.linear_value_dim),
         key_heads=config.linear_num_key_heads,
         value_heads=value_heads,
         key_head_dim=config.linear_key_head_dim,
@@ -147,19 +201,19 @@ def _gated_deltanet(reader: _Reader, config: ModelConfig, name: str) -> GatedDel
 
 def _mlp(reader: _Reader, name: str, hidden: int, intermediate: int) -> SwiGluMlp:
     return SwiGluMlp(
-        gate_proj=reader.get(name + "gate_proj.weight", intermediate, hidden),
-        up_proj=reader.get(name + "up_proj.weight", intermediate, hidden),
-        down_proj=reader.get(name + "down_proj.weight", hidden, intermediate),
+        gate_proj=reader.matmul_weight(name + "gate_proj.weight", intermediate, hidden),
+        up_proj=reader.matmul_weight(name + "up_proj.weight", intermediate, hidden),
+        down_proj=reader.matmul_weight(name + "down_proj.weight", hidden, intermediate),
     )
 
 
 def _moe(reader: _Reader, config: ModelConfig, name: str) -> MoeBlock:
     hidden, experts = config.hidden_size, config.num_experts
     return MoeBlock(
-        router=reader.get(name + "gate.weight", experts, hidden),
+        router=reader.matmul_weight(name + "gate.weight", experts, hidden),
         experts=_experts(reader, config, name + "experts."),
         shared_expert=_mlp(reader, name + "shared_expert.", hidden, config.shared_expert_intermediate_size),
-        shared_expert_gate=reader.get(name + "shared_expert_gate.weight", 1, hidden),
+        shared_expert_gate=reader.matmul_weight(name + "shared_expert_gate.weight", 1, hidden),
         top_k=config.num_experts_per_tok,
     )
 
@@ -170,5 +224,12 @@ def _experts(reader: _Reader, config: ModelConfig, name: str) -> tuple[SwiGluMlp
     if reader.weights.has(name + "gate_up_proj"):
         gate_up = reader.get(name + "gate_up_proj", experts, 2 * inner, hidden)
         down = reader.get(name + "down_proj", experts, hidden, inner)
-        return tuple(SwiGluMlp(gate_up[e, :inner], gate_up[e, inner:], down[e]) for e in range(experts))
+        fused = tuple(
+            SwiGluMlp(*(reader.pack_slice(w) for w in (gate_up[e, :inner], gate_up[e, inner:], down[e])))
+            for e in range(experts)
+        )
+        if reader.pack:
+            reader.weights.release(name + "gate_up_proj")
+            reader.weights.release(name + "down_proj")
+        return fused
     return tuple(_mlp(reader, f"{name}{e}.", hidden, inner) for e in range(experts))

@@ -7,6 +7,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridcache.gpu.model.linear import linear
+
 
 class SwiGluMlp(NamedTuple):
     gate_proj: torch.Tensor  # [intermediate, hidden]
@@ -15,4 +17,4 @@ class SwiGluMlp(NamedTuple):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x [t, hidden]` -> `[t, hidden]`."""
-        return F.linear(F.silu(F.linear(x, self.gate_proj)) * F.linear(x, self.up_proj), self.down_proj)
+        return linear(F.silu(linear(x, self.gate_proj)) * linear(x, self.up_proj), self.down_proj)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
+from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.mlp import SwiGluMlp
 
 
@@ -22,7 +22,7 @@ class MoeBlock(NamedTuple):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`x [t, hidden]` -> `[t, hidden]`."""
-        logits = F.linear(x, self.router)
+        logits = linear(x, self.router)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(logits.dtype)
@@ -31,5 +31,5 @@ class MoeBlock(NamedTuple):
             token_index, rank = torch.where(chosen == expert_index)
             expert_out = self.experts[expert_index](x[token_index]) * weights[token_index, rank, None]
             routed.index_add_(0, token_index, expert_out.to(routed.dtype))
-        shared = torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
+        shared = torch.sigmoid(linear(x, self.shared_expert_gate)) * self.shared_expert(x)
         return routed + shared

@@ -19,11 +19,12 @@ from hybridcache.gpu.kv_pool import PAGE_TOKENS, KvPools, pages_for_tokens
 from hybridcache.gpu.model.attention import AttentionInputs, FullAttention
 from hybridcache.gpu.model.config import ModelConfig
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
+from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.mlp import SwiGluMlp
 from hybridcache.gpu.model.moe import MoeBlock
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import RotaryTable
-from hybridcache.gpu.state_slots import StateShape, StateSlots
+from hybridcache.gpu.state_slots import StateShape, StateSlots, plan_slot_runs
 
 LayerHook = Callable[[int], None]
 
@@ -47,13 +48,13 @@ class Qwen35Model:
         embed_tokens: torch.Tensor,
         layers: Sequence[DecoderLayer],
         final_norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Sequence[torch.Tensor],
     ) -> None:
         self.config = config
         self.embed_tokens = embed_tokens
         self.layers = tuple(layers)
         self.final_norm = final_norm
-        self.lm_head = lm_head
+        self.lm_head = tuple(lm_head)  # vocabulary row blocks (plain or packed) in order
         self.dtype = embed_tokens.dtype
         self.device = embed_tokens.device
         self.rotary = RotaryTable(config.rotary_dim, config.rope_theta, self.device)
@@ -146,10 +147,8 @@ class Qwen35Model:
         ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).reshape(-1)
         if not len(ids) == len(positions) == len(block_tables) == len(slots) or len(ids) == 0:
             raise ValueError("decode needs one position, block table and slot per token")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"decode slots must be distinct, got {list(slots)}")
+        slot_runs = plan_slot_runs(slots, self.device)
         io = self._decode_inputs(positions, block_tables)
-        slot_index = torch.as_tensor(list(slots), dtype=torch.long, device=self.device)
         hidden = F.embedding(ids, self.embed_tokens)
         for index, layer in enumerate(self.layers):
             if layer_hook is not None:
@@ -158,7 +157,7 @@ class Qwen35Model:
             if isinstance(layer.mixer, GatedDeltaNet):
                 i = layer.memory_index
                 mixed = layer.mixer.decode(
-                    normed, states.conv_planes[i], states.recurrent_planes[i], slot_index
+                    normed, states.conv_planes[i], states.recurrent_planes[i], slot_runs
                 )
             else:
                 planes = (kv.k_planes[layer.memory_index], kv.v_planes[layer.memory_index])
@@ -173,7 +172,8 @@ class Qwen35Model:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         normed = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
-        return F.linear(normed, self.lm_head).float()
+        blocks = [linear(normed, block) for block in self.lm_head]
+        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)).float()
 
     def _prefill_inputs(self, start: int, end: int, block_table: Sequence[PageId]) -> AttentionInputs:
         _check_covers(block_table, end)
@@ -199,7 +199,8 @@ class Qwen35Model:
         context = torch.arange(longest, device=self.device)
         rows = tables[:, context // PAGE_TOKENS] * PAGE_TOKENS + context % PAGE_TOKENS  # [B, L]
         where = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
-        mask = (context[None, :] <= where[:, None])[:, None, None, :]
+        every_lane_sees_all = min(positions) == longest - 1
+        mask = None if every_lane_sees_all else (context[None, :] <= where[:, None])[:, None, None, :]
         write = rows.gather(1, where[:, None]).squeeze(1)
         cos, sin = self.rotary.cos_sin(where, longest, self.dtype)
         return AttentionInputs(cos, sin, write, rows, mask)
