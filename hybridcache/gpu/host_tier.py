@@ -61,6 +61,11 @@ class HostSlabMemory:
         self._chunks[index] = created
         return created
 
+    def chunk_buffer(self, index: int) -> memoryview:
+        """Chunk `index` as a writable byte memoryview, for reading a file straight into slab memory
+        (`readinto`/`preadv`). Allocates the chunk on first use, like `chunk()`."""
+        return memoryview(self.chunk(index).numpy()).cast("B")
+
     def location(self, slab: SlabId) -> SlabLocation:
         return self.pool.location(slab)
 

@@ -13,9 +13,10 @@ CHECKPOINT_EVERY_EVENTS = 4096
 
 
 class JournalSink:
-    """Looks like the facade's `journal` list: `append(event)` encodes it and hands it to the writer.
+    """Looks like the facade's `journal` list: `append(event)` queues the (frozen) event for the writer.
 
-    Encoding is one msgspec call on the worker; the disk write happens on the writer's thread.
+    The worker's share is one list append under a lock; encoding, framing (CRC32) and the disk write
+    happen in batches on the writer's thread.
     """
 
     def __init__(self, writer: JournalWriter) -> None:
@@ -23,7 +24,7 @@ class JournalSink:
         self.events = 0
 
     def append(self, event: CacheEvent) -> None:
-        self.writer.append(event.seq, encode_event(event))
+        self.writer.append_record(event.seq, event)
         self.events += 1
 
 
@@ -34,4 +35,5 @@ def open_journal(
     `options["geometry"]` is the CacheGeometry as a dict."""
     header_options = {**options, "geometry": msgspec.to_builtins(geometry)}
     fingerprint = {"model_dir": model_dir, "version": __version__}
-    return JournalSink(JournalWriter(path, fingerprint=fingerprint, options=header_options))
+    writer = JournalWriter(path, fingerprint=fingerprint, options=header_options, encode=encode_event)
+    return JournalSink(writer)

@@ -2,18 +2,20 @@
 
 Layout of one segment file: the magic bytes, then a header frame (msgpack `JournalHeader`: format version,
 engine fingerprint, options, the segment number and the sequence number of its first event), then one
-frame per encoded event (see `framing`). The worker calls `append()` (a list append under a lock); a
-writer thread batches the frames to disk. When a segment passes `max_segment_bytes` it is renamed to
-`PATH.<n>` (n = 1, 2, … oldest first) and a new `PATH` begins, so `PATH` is always the newest segment.
-A crash leaves at most a torn last frame, which readers report and stop at.
+frame per encoded event (see `framing`). The worker calls `append_record()` (a list append under a
+lock: no encoding on the worker); a writer thread encodes, frames and writes batches. When a segment
+passes `max_segment_bytes` it is renamed to `PATH.<n>` (n = 1, 2, … oldest first) and a new `PATH`
+begins, so `PATH` is always the newest segment. A crash leaves at most a torn last frame, which readers
+report and stop at.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -41,11 +43,15 @@ _decode_header = msgspec.msgpack.Decoder(JournalHeader).decode
 
 
 class JournalWriter:
-    """Appends encoded events to a journal in a background thread.
+    """Appends events to a journal in a background thread.
 
-    `append()` never blocks on I/O. `flush()` returns once everything appended so far is on disk
-    (with `fsync=True`, durably). `close()` flushes and stops the thread. A write error is kept and
-    raised by the next `flush()`/`close()`.
+    `append()` (encoded bytes) and `append_record()` (an immutable record the writer thread encodes with
+    `encode`) never block on I/O and never encode on the caller's thread: they queue under a lock. The
+    writer thread sleeps while nothing is queued; the first queued event wakes it, it lets a batch gather
+    for `flush_interval_s` (the most an event waits to reach the file), then encodes, frames and writes
+    the batch with one write call. `flush()` returns once everything appended so far is on disk (with
+    `fsync=True`, durably). `close()` flushes and stops the thread. A write error is kept and raised by
+    the next `flush()`/`close()`.
     """
 
     def __init__(
@@ -55,16 +61,20 @@ class JournalWriter:
         options: dict[str, object] | None = None,
         max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
         flush_interval_s: float = 0.05,
+        encode: Callable[[Any], bytes] | None = None,
     ) -> None:
         self.path = Path(path)
         self._fingerprint = dict(fingerprint or {})
         self._options = dict(options or {})
         self._max_segment_bytes = max_segment_bytes
         self._flush_interval_s = flush_interval_s
-        self._pending: list[tuple[int, bytes]] = []
-        self._lock = threading.Condition()
+        self._encode = encode
+        self._pending: list[tuple[int, Any]] = []
+        self._lock = threading.Condition(threading.Lock())
         self._appended = 0
         self._written = 0
+        self.batches_written = 0  # write calls so far (the writer thread's wake-ups that found events)
+        self._flush_wanted = False
         self._closing = False
         self._error: BaseException | None = None
         self._segment = _next_segment_number(self.path)
@@ -78,18 +88,30 @@ class JournalWriter:
 
     def append(self, seq: int, payload: bytes) -> None:
         """Queue one encoded event with its sequence number. Cheap; never touches the disk."""
+        self._queue(seq, payload)
+
+    def append_record(self, seq: int, record: Any) -> None:
+        """Queue one record that the writer thread encodes with `encode`; the record must never change
+        afterwards (cache events are frozen). Cheap. Raises ValueError when the writer has no `encode`."""
+        if self._encode is None:
+            raise ValueError("this journal writer was made without an encode function")
+        self._queue(seq, record)
+
+    def _queue(self, seq: int, item: Any) -> None:
         with self._lock:
-            self._pending.append((seq, payload))
+            self._pending.append((seq, item))
             self._appended += 1
+            if len(self._pending) == 1:  # the writer sleeps until a batch begins
+                self._lock.notify_all()
 
     def flush(self, fsync: bool = False) -> None:
         """Block until every appended event is written; raises the writer's error if it had one."""
         with self._lock:
             target = self._appended
+            self._flush_wanted = True
             self._lock.notify_all()
-            while self._written < target and self._error is None:
+            while self._written < target and self._error is None and self._thread.is_alive():
                 self._lock.wait(0.1)
-                self._lock.notify_all()
         self._raise_if_failed()
         if fsync and self._file is not None:
             with self._lock:
@@ -115,14 +137,17 @@ class JournalWriter:
     def _run(self) -> None:
         while True:
             with self._lock:
-                if not self._pending and not self._closing:
-                    self._lock.wait(self._flush_interval_s)
+                while not self._pending and not self._closing:
+                    self._lock.wait()
+                if not self._closing and not self._flush_wanted:
+                    self._lock.wait(self._flush_interval_s)  # let the batch gather (flush/close cut it short)
                 batch, self._pending = self._pending, []
+                self._flush_wanted = False
                 closing = self._closing
             if batch and self._error is None:
                 try:
                     self._write(batch)
-                except OSError as error:
+                except Exception as error:  # kept for flush()/close(): a write or an encode failed
                     self._error = error
             with self._lock:
                 self._written += len(batch)
@@ -130,9 +155,10 @@ class JournalWriter:
                 if closing and not self._pending:
                     return
 
-    def _write(self, batch: list[tuple[int, bytes]]) -> None:
+    def _write(self, batch: list[tuple[int, Any]]) -> None:
         frames: list[bytes] = []
-        for seq, payload in batch:
+        for seq, item in batch:
+            payload = item if isinstance(item, bytes) else self._encode(item)  # type: ignore[misc]
             if self._file is not None and self._file_bytes >= self._max_segment_bytes:
                 self._file.write(b"".join(frames))
                 frames.clear()
@@ -144,6 +170,7 @@ class JournalWriter:
             self._file_bytes += len(frame)
         self._file.write(b"".join(frames))
         self._file.flush()
+        self.batches_written += 1
 
     def _rotate(self) -> None:
         """Close the full segment and rename it `PATH.<n>`; the next frame opens a new `PATH`."""

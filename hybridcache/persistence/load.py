@@ -14,17 +14,23 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 import msgspec
-import xxhash
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.host_eviction import plan_revalue
 from hybridcache.cache.ids import ROOT_NODE, SlabId
-from hybridcache.persistence.cache_file import CacheFileError, CacheFileTables, read_tables
+from hybridcache.persistence.cache_file import (
+    BlockRecord,
+    CacheFileError,
+    CacheFileTables,
+    SnapshotRecord,
+    read_tables,
+)
 from hybridcache.persistence.fingerprint import CacheFingerprint, fingerprint_differences
 from hybridcache.persistence.restore_plan import HostRestorePlan, plan_host_restore
+from hybridcache.persistence.run_reader import RunReader, assign_slabs
 from hybridcache.persistence.save import ProgressCallback
 
 if TYPE_CHECKING:
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
     from hybridcache.gpu.host_tier import HostSlabMemory
 
 
-READ_BUFFER_BYTES = 8 << 20  # large sequential reads; slab runs are small
+TABLE_BUFFER_BYTES = 1 << 20  # the tables; slab runs bypass the buffer (see run_reader)
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,7 +122,7 @@ def load_prefix_cache(
         return _refusal(file_path, "no prefix-cache file yet", "absent")
     started = time.monotonic()
     try:
-        with open(file_path, "rb", buffering=READ_BUFFER_BYTES) as stream:
+        with open(file_path, "rb", buffering=TABLE_BUFFER_BYTES) as stream:
             os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # runs are read in file order
             tables = read_tables(stream, os.fstat(stream.fileno()).st_size)
             reason = check_acceptance(tables, cache, fingerprint, host_memory.slab_bytes)
@@ -140,7 +146,7 @@ def load_prefix_cache(
                     else "the file holds no snapshots"
                 )
                 return msgspec.structs.replace(base, reason=reason)
-            loader = _Loader(stream, tables, cache, host_memory, progress)
+            loader = _Loader(stream.fileno(), tables, cache, host_memory, progress)
             loader.run(plan)
     except CacheFileError as error:
         return _refusal(file_path, f"damaged file: {error}")
@@ -161,93 +167,70 @@ def load_prefix_cache(
 
 
 class _Loader:
-    """Reads the planned runs into free slabs and applies their events. Single use."""
+    """Reads the planned runs into free slabs, then applies the events of those that verified. Single
+    use."""
 
-    def __init__(
-        self, stream: BinaryIO, tables: CacheFileTables, cache: Cache, host_memory, progress
-    ) -> None:
-        self.stream = stream
+    def __init__(self, fd: int, tables: CacheFileTables, cache: Cache, host_memory, progress) -> None:
         self.tables = tables
         self.cache = cache
-        self.host_memory = host_memory
-        self.progress = progress
+        self.reader = RunReader(fd, tables.data_start, host_memory, progress)
         self.node_ids: dict[int, int] = {0: ROOT_NODE}
         self.loaded_blocks: list[BlockNode] = []
         self.loaded_snapshots: list[Snapshot] = []
         self.damaged_runs = 0
-        self.bytes_read = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read
 
     def run(self, plan: HostRestorePlan) -> None:
-        index = self.cache.index
         wanted_blocks, wanted_snapshots = set(plan.blocks), set(plan.snapshots)
-        for block in self.tables.blocks:
-            if block.node not in wanted_blocks or block.parent not in self.node_ids:
+        blocks = [b for b in self.tables.blocks if b.node in wanted_blocks]
+        snapshots = [s for s in self.tables.snapshots if s.snapshot in wanted_snapshots]
+        runs = [(b.offset, 1, b.checksum) for b in blocks]
+        runs += [(s.offset, self.tables.snapshot_slabs(s), s.checksum) for s in snapshots]
+        host = self.cache.index.host
+        assert host is not None
+        free = host.peek_free(plan.slabs)
+        assert free is not None  # the plan fits the free slabs
+        requests = assign_slabs(runs, free)
+        verified = self.reader.read(requests)
+        self.damaged_runs = verified.count(False)
+        entries = [*blocks, *snapshots]  # parents first, then snapshots: the order events must follow
+        for entry, request, ok in zip(entries, requests, verified, strict=True):
+            if not ok:
                 continue
-            slabs = self._read_run(block.offset, 1, block.checksum)
-            if slabs is None:
-                continue
-            new_id = index.next_node_id
-            parent = self.node_ids[block.parent]
-            self._apply(
-                ev.BlockLoaded(0, new_id, parent, block.lookup_hash, block.tokens, block.extra, slabs[0])
-            )
-            self.node_ids[block.node] = new_id
-            self.loaded_blocks.append(index.nodes[new_id])  # type: ignore[index]
-        for snap in self.tables.snapshots:
-            if snap.snapshot not in wanted_snapshots or snap.anchor not in self.node_ids:
-                continue
-            slabs = self._read_run(snap.offset, self.tables.snapshot_slabs(snap), snap.checksum)
-            if slabs is None:
-                continue
-            image_slabs = self.tables.header.geometry.image_slabs
-            tail = slabs[image_slabs] if snap.tail_tokens else None
-            new_id = index.next_snapshot_id
-            anchor = self.node_ids[snap.anchor]
-            self._apply(
-                ev.SnapshotLoaded(
-                    0, new_id, anchor, snap.kind, snap.tail_tokens, slabs[:image_slabs], tail, snap.hits
-                )
-            )
-            self.loaded_snapshots.append(index.snapshots[new_id])  # type: ignore[index]
+            if isinstance(entry, BlockRecord) and entry.parent in self.node_ids:
+                self._load_block(entry, request.slabs[0])
+            elif isinstance(entry, SnapshotRecord) and entry.anchor in self.node_ids:
+                self._load_snapshot(entry, request.slabs)
         self._drop_unused_blocks()
-        for event in plan_revalue(index, self.loaded_snapshots, self.cache.cost):
+        for event in plan_revalue(self.cache.index, self.loaded_snapshots, self.cache.cost):
             self._apply(event)
+
+    def _load_block(self, block: BlockRecord, slab: SlabId) -> None:
+        index = self.cache.index
+        new_id = index.next_node_id
+        parent = self.node_ids[block.parent]
+        self._apply(ev.BlockLoaded(0, new_id, parent, block.lookup_hash, block.tokens, block.extra, slab))
+        self.node_ids[block.node] = new_id
+        self.loaded_blocks.append(index.nodes[new_id])  # type: ignore[index]
+
+    def _load_snapshot(self, snap: SnapshotRecord, slabs: tuple[SlabId, ...]) -> None:
+        index = self.cache.index
+        image_slabs = self.tables.header.geometry.image_slabs
+        tail = slabs[image_slabs] if snap.tail_tokens else None
+        new_id = index.next_snapshot_id
+        anchor = self.node_ids[snap.anchor]
+        self._apply(
+            ev.SnapshotLoaded(
+                0, new_id, anchor, snap.kind, snap.tail_tokens, slabs[:image_slabs], tail, snap.hits
+            )
+        )
+        self.loaded_snapshots.append(index.snapshots[new_id])  # type: ignore[index]
 
     def _apply(self, event: ev.CacheEvent) -> None:
         self.cache._apply(event)  # numbers, applies and journals like every facade mutation
-
-    def _read_run(self, offset: int, count: int, expected: int) -> tuple[SlabId, ...] | None:
-        """Read a run into free slabs (not yet taken); None when its checksum fails."""
-        host = self.cache.index.host
-        assert host is not None
-        slabs = host.peek_free(count)
-        assert slabs is not None  # the plan fits the free slabs
-        position = self.tables.data_start + offset
-        if self.stream.tell() != position:
-            self.stream.seek(position)
-        digest = xxhash.xxh3_64()
-        for span in self._contiguous_spans(slabs):
-            _read_exact_into(self.stream, memoryview(span))
-            digest.update(span)
-            self.bytes_read += len(span)
-        if self.progress is not None:
-            self.progress(self.bytes_read)
-        if digest.intdigest() != expected:
-            self.damaged_runs += 1
-            return None
-        return tuple(slabs)
-
-    def _contiguous_spans(self, slabs: list[SlabId]):
-        """The slabs' memory as few arrays as possible: consecutive ids in one chunk are one array."""
-        pool = self.host_memory.pool
-        start = 0
-        for end in range(1, len(slabs) + 1):
-            if end < len(slabs) and slabs[end] == slabs[end - 1] + 1 and pool.location(slabs[end]).offset:
-                continue
-            chunk, offset = pool.location(slabs[start])
-            length = (end - start) * pool.slab_bytes
-            yield self.host_memory.chunk(chunk)[offset : offset + length].numpy()
-            start = end
 
     def _drop_unused_blocks(self) -> None:
         """Blocks whose every snapshot was dropped are dead KV: release them (topmost first)."""
@@ -255,11 +238,3 @@ class _Loader:
         for node in self.loaded_blocks:
             if index.nodes.get(node.id) is node and node.live_snapshots_below == 0:
                 self._apply(ev.NodeHostDropped(0, node.id))
-
-
-def _read_exact_into(stream: BinaryIO, view: memoryview) -> None:
-    while view:
-        count = stream.readinto(view)
-        if not count:
-            raise CacheFileError("file ended inside a slab run")
-        view = view[count:]

@@ -1,7 +1,9 @@
 """The event journal: batched appends, torn tails, corruption, rotation, never truncating history."""
 
+import threading
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -118,3 +120,77 @@ def test_a_file_that_is_not_a_journal_is_refused(tmp_path: Path):
     path.write_bytes(MAGIC + b"\x01")
     with pytest.raises(JournalError, match="header"):
         JournalReader(path)
+
+
+class Record(msgspec.Struct, frozen=True, array_like=True):
+    seq: int
+    text: str
+
+
+def encode_record(record: Record) -> bytes:
+    return msgspec.msgpack.encode(record)
+
+
+def run_with_deadline(call, seconds: float = 20.0) -> None:
+    """Run ``call`` on a thread; fail when it has not returned within ``seconds`` (a hang, not a timing)."""
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"{call} did not return within {seconds} s"
+
+
+def test_records_are_encoded_on_the_writer_thread_and_read_back_in_order(tmp_path: Path):
+    path = tmp_path / "events.log"
+    writer = JournalWriter(path, encode=encode_record)
+    records = [Record(seq, f"r{seq}") for seq in range(1, 41)]
+    for record in records[:20]:
+        writer.append_record(record.seq, record)
+    for record in records[20:]:
+        writer.append(record.seq, encode_record(record))  # pre-encoded bytes mix with records
+    writer.close()
+    decoded = [msgspec.msgpack.decode(bytes(p), type=Record) for p in JournalReader(path).payloads()]
+    assert decoded == records
+
+
+def test_a_writer_without_an_encoder_refuses_records(tmp_path: Path):
+    writer = JournalWriter(tmp_path / "events.log")
+    with pytest.raises(ValueError, match="encode"):
+        writer.append_record(1, Record(1, "x"))
+    writer.close()
+
+
+def test_events_appended_together_land_in_one_batch_and_flush_cuts_the_wait_short(tmp_path: Path):
+    """A long batching window: a burst of appends is one write, and flush() does not wait the window."""
+    path = tmp_path / "events.log"
+    writer = JournalWriter(path, encode=encode_record, flush_interval_s=600.0)
+    for seq in range(1, 51):
+        writer.append_record(seq, Record(seq, "burst"))
+    run_with_deadline(writer.flush)
+    assert len(list(JournalReader(path).payloads())) == 50
+    assert writer.batches_written == 1
+    writer.append_record(51, Record(51, "late"))
+    run_with_deadline(writer.close)
+    assert len(list(JournalReader(path).payloads())) == 51 and writer.batches_written == 2
+
+
+def test_an_idle_writer_writes_nothing_until_an_event_arrives(tmp_path: Path):
+    path = tmp_path / "events.log"
+    writer = JournalWriter(path, encode=encode_record, flush_interval_s=0.001)
+    writer.flush()
+    assert writer.batches_written == 0 and not path.exists()
+    writer.append_record(1, Record(1, "first"))
+    writer.flush()
+    assert writer.batches_written == 1 and len(list(JournalReader(path).payloads())) == 1
+    writer.close()
+
+
+def test_a_record_that_cannot_be_encoded_fails_the_next_flush_not_the_worker(tmp_path: Path):
+    def refuse(record: Record) -> bytes:
+        raise TypeError(f"cannot encode {record}")
+
+    writer = JournalWriter(tmp_path / "events.log", encode=refuse)
+    writer.append_record(1, Record(1, "bad"))  # the caller's thread never encodes
+    with pytest.raises(OSError, match="cannot encode"):
+        writer.flush()
+    with pytest.raises(OSError, match="cannot encode"):
+        writer.close()
