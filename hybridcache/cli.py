@@ -51,7 +51,7 @@ BENCHMARKS = (
         "prefix-cache file save/load vs raw disk, journal overhead",
         "hybridcache.tools.bench_persistence",
     ),
-    Command("trace", "replay a trace against a running server", None),
+    Command("trace", "replay a trace against live servers, cache on vs off", "hybridcache.tools.bench_trace"),
     Command("trace-gen", "generate a deterministic JSONL trace for live runs", "hybridcache.tools.trace_gen"),
     Command("gpu", "GPU tests and benchmarks on a CUDA device", None),
 )

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hybridcache.tools.bench_engine import preset_checkpoint, run_loop
+from hybridcache.tools.serve_launch import MODEL, LiveServer, start_server
 
 if TYPE_CHECKING:
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
 
     from hybridcache.core.engine import Engine
     from hybridcache.core.frontend import Frontend
 
-MODEL = "bench"
 # fmt: off
 WORDS = (
     "cache", "prefix", "block", "snapshot", "state", "layer", "token", "page", "host", "device", "restore",
@@ -68,12 +68,6 @@ class Sample(NamedTuple):
     completion_tokens: int
     prompt_tokens: int
     cached_tokens: int
-
-
-class LiveServer(NamedTuple):
-    engine: Engine
-    runner: web.AppRunner
-    url: str
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,35 +146,6 @@ async def _measure(directory: Path, args: argparse.Namespace) -> dict[str, float
             await server.runner.cleanup()
             await server.engine.stop()
     return results
-
-
-async def start_server(directory: Path, args: argparse.Namespace, prefix_reuse: bool) -> LiveServer:
-    """An engine behind the app on 127.0.0.1 (a free port), as `serve` runs it. Returns it started."""
-    from aiohttp import web
-
-    from hybridcache.config import CacheOptions, EngineOptions, resolve_options
-    from hybridcache.core.engine import Engine
-    from hybridcache.core.frontend import Frontend
-    from hybridcache.http.app import create_app
-    from hybridcache.http.server_options import ServerOptions
-
-    cache = CacheOptions(host_cache_mib=256) if prefix_reuse else CacheOptions(prefix_reuse=False)
-    options = EngineOptions(
-        model=str(directory),
-        dtype=args.dtype,
-        device="cpu",
-        max_concurrency=args.clients,
-        kv_capacity=args.kv_pages,
-        cache=cache,
-    )
-    engine = Engine(directory, resolve_options(options), model_name=MODEL)
-    await engine.start()
-    frontend = Frontend.from_dir(directory, engine.max_model_len)
-    runner = web.AppRunner(create_app(engine, frontend, ServerOptions(served_model_name=MODEL)))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    return LiveServer(engine, runner, f"http://{host}:{port}")
 
 
 async def _warm_up(url: str) -> None:
