@@ -125,9 +125,9 @@ class Cache(PublicationCalls):
             self._apply_valued(events)
         return True
 
-    def _free_host_slabs(self, count: int, new_value: float | None) -> bool:
+    def _free_host_slabs(self, count: int) -> bool:
         while True:
-            events = plan_host_room(self.index, count, new_value)
+            events = plan_host_room(self.index, count)
             if events is None:
                 return False
             if not events:

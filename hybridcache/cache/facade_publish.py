@@ -212,7 +212,7 @@ class PublicationCalls(_Base):
         chosen_nodes = [
             n for n in nodes if n.device_state == Residency.RESIDENT and n.host_state == Residency.ABSENT
         ]
-        if chosen_nodes and not self._free_host_slabs(len(chosen_nodes), None):
+        if chosen_nodes and not self._free_host_slabs(len(chosen_nodes)):
             chosen_nodes = chosen_nodes[: index.host.num_free]  # as many as the tier can hold
         total = len(chosen_nodes)
         images: list[Snapshot] = []
@@ -227,7 +227,7 @@ class PublicationCalls(_Base):
                 and (snap.tail_host_state == Residency.ABSENT)
             )
             need = index.geometry.image_slabs * image + tail
-            if need == 0 or not self._free_host_slabs(total + need, snap.gdsf_h):
+            if need == 0 or not self._free_host_slabs(total + need):
                 continue
             total += need
             if image:

@@ -74,6 +74,7 @@ class Quote(msgspec.Struct, frozen=True):
     snapshot: SnapshotId | None
     reuse_tokens: int
     cached_prefix_tokens: int
+    fork_tokens: int  # cached_prefix_tokens where another cached sequence continues differently, else 0
     path: tuple[NodeId, ...]  # nodes the lane maps (blocks below reuse_tokens)
     host_only_nodes: tuple[NodeId, ...]
     tail_restore: bool
@@ -271,6 +272,7 @@ def quote(index: PrefixIndex, prompt: PromptInput, cost: CacheCostModel) -> Quot
         snapshot=None if snap is None else snap.id,
         reuse_tokens=chosen.frontier,
         cached_prefix_tokens=BLOCK_TOKENS * len(found.path),
+        fork_tokens=BLOCK_TOKENS * len(found.path) if found.path and found.path[-1].children else 0,
         path=tuple(n.id for n in found.path[: chosen.frontier // BLOCK_TOKENS]),
         host_only_nodes=tuple(n.id for n in chosen.host_only_nodes),
         tail_restore=chosen.tail_restore,

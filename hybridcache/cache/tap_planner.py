@@ -115,6 +115,24 @@ def derive_tap_options(
     )
 
 
+def with_fork_hint(
+    hints: Sequence[TapHint | tuple[int, int]], fork_tokens: int, base: int, n: int
+) -> list[TapHint | tuple[int, int]]:
+    """``hints`` plus a structural hint at the fork point of the cached tree, when the prompt's cached
+    prefix ends where another cached sequence continued differently (``Quote.fork_tokens``) and the
+    resume frontier lies before it. Pure.
+
+    Deviation from the spec (which taps divergences only between coalesced requests, §12.2): a prompt
+    that leaves the cached tree at a fork is the second sequence to diverge there, so later ones will
+    too (sub-agents after a shared preamble, requests sharing a document): the fork gets a Boundary
+    snapshot. Measured with ``hybridcache simulate`` (see issue 7's note).
+    """
+    out: list[TapHint | tuple[int, int]] = list(hints)
+    if base < fork_tokens < n:
+        out.append(TapHint(fork_tokens, HintKind.STRUCTURAL))
+    return out
+
+
 class _Candidate(NamedTuple):
     position: int
     source: TapSource

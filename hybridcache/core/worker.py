@@ -29,7 +29,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
-from hybridcache.cache.tap_planner import TapOptions, plan_taps
+from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.lanes import LaneState
 from hybridcache.core.requests import Phase, Request
@@ -238,7 +238,7 @@ class Worker:
             taps = plan_taps(
                 prompt.num_tokens,
                 staged.reuse_tokens,
-                prompt.tap_hints,
+                with_fork_hint(prompt.tap_hints, quote.fork_tokens, staged.reuse_tokens, prompt.num_tokens),
                 self._path_frontiers(lane_id),
                 self._tap_options,
                 resumed_from_endpoint=resumed is not None and resumed.kind == SnapshotKind.ENDPOINT,

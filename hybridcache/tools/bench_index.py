@@ -230,9 +230,9 @@ def _bench_evict(args: argparse.Namespace) -> dict[str, float]:
     host_snapshots = sum(1 for s in index.snapshots.values() if s.host_slabs)
     assert index.host is not None
     want = index.host.num_free + geometry.image_slabs + 1
-    step = plan_host_room(index, want, None)
+    step = plan_host_room(index, want)
     assert step
-    seconds = _median_seconds(lambda: plan_host_room(index, want, None), args.repeat)
+    seconds = _median_seconds(lambda: plan_host_room(index, want), args.repeat)
     return {"evict_plan_us": seconds * 1e6, "evict_host_snapshots": float(host_snapshots)}
 
 

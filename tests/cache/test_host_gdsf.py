@@ -59,7 +59,7 @@ def test_dead_kv_is_reclaimed_before_any_snapshot():
     insert_path(cache, tokens(256, seed=2), lane=1)  # written through, no snapshot can reach it
     dead = set(cache.index.dead_nodes)
     assert len(dead) == 4
-    events = plan_host_room(cache.index, cache.index.host.num_free + 1, None)
+    events = plan_host_room(cache.index, cache.index.host.num_free + 1)
     assert events == [NodeHostDropped(0, max(dead, key=lambda n: cache.index.nodes[n].depth))]
 
 
@@ -75,7 +75,7 @@ def test_evicting_a_snapshot_frees_its_exclusive_path_but_not_the_shared_one():
     cache._apply(SnapshotDeviceDropped(0, victim.id))  # only its host copy is left
     target = index.host.num_free + index.geometry.image_slabs + len(exclusive)
     steps = []
-    while step := plan_host_room(index, target, None):
+    while step := plan_host_room(index, target):
         steps.append(step)
         for event in step:
             cache._apply(event)
@@ -96,3 +96,30 @@ def test_the_inflation_value_never_falls_under_pressure():
         seen.append(replayed.gdsf_l)
     assert any(isinstance(e, GdsfInflated) for e in journal)
     assert seen == sorted(seen)
+
+
+def test_a_snapshot_is_valued_against_the_nearest_snapshot_above_even_a_superseded_one():
+    cache = gdsf_cache()
+    history = tokens(256, seed=1)
+    _, _, first = run_request(cache, history, lane=0)  # E1 at 256
+    _, _, second = run_request(cache, history + tokens(128, seed=2), lane=1)  # resumes E1: E1 superseded
+    assert cache.index.snapshots[first.endpoint].superseded
+    # Removing E2 alone costs the 128 tokens above E1, which stays (deviation from §9.3's "retained").
+    assert h_of(cache, second.endpoint) == pytest.approx((0.128 - RESTORE) / (IMAGE + 2 * PAGE))
+
+
+def test_superseded_snapshots_compete_by_value_instead_of_going_first():
+    cache = gdsf_cache()
+    index = cache.index
+    history = tokens(256, seed=1)
+    _, _, first = run_request(cache, history, lane=0)
+    run_request(cache, history + tokens(128, seed=2), lane=1)
+    run_request(cache, tokens(70, seed=9), lane=0)  # a short unrelated conversation: little to save
+    superseded = index.snapshots[first.endpoint]
+    assert superseded.superseded and not index.dead_nodes
+    step = plan_host_room(index, index.host.num_slabs)
+    assert step is not None
+    victim = index.snapshots[step[-1].snapshot]
+    host_snapshots = [s for s in index.snapshots.values() if s.host_slabs]
+    assert victim.gdsf_h == min(s.gdsf_h for s in host_snapshots)
+    assert not victim.superseded and superseded.gdsf_h > victim.gdsf_h

@@ -11,6 +11,7 @@ each request a duration, nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -19,7 +20,14 @@ from hybridcache.cache.facade_results import FinishResult, HostWritePlan, Publis
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
-from hybridcache.cache.tap_planner import Placement, PlannedTap, TapHint, TapOptions, plan_taps
+from hybridcache.cache.tap_planner import (
+    Placement,
+    PlannedTap,
+    TapHint,
+    TapOptions,
+    plan_taps,
+    with_fork_hint,
+)
 from hybridcache.tools.sim.counters import SimCounters
 from hybridcache.tools.sim.material import RequestMaterial, TokenView
 from hybridcache.tools.sim.policies import Policy, touch
@@ -98,7 +106,9 @@ class RequestDriver:
         base = staged.reuse_tokens
         self._count_admission(material, quote.host_only_nodes, quote.tail_restore, staged)
         snapshots = [] if staged.snapshot is None else [staged.snapshot]
-        taps = self._plan_taps(lane, n, base, hints) if self.policy is not Policy.ALIGN else []
+        taps = []
+        if self.policy is not Policy.ALIGN:
+            taps = self._plan_taps(lane, n, base, with_fork_hint(hints, quote.fork_tokens, base, n))
         table_pages = len(staged.block_table)
         table_pages = self._prefill(lane, material, base, taps, table_pages, snapshots)
         committed = self._decode(lane, material, table_pages, snapshots)
@@ -129,7 +139,9 @@ class RequestDriver:
         c.restored_bytes += staged.restored_host_bytes
         c.resumed_from_snapshot += staged.snapshot is not None
 
-    def _plan_taps(self, lane: int, n: int, base: int, hints: list[TapHint]) -> list[PlannedTap]:
+    def _plan_taps(
+        self, lane: int, n: int, base: int, hints: Sequence[TapHint | tuple[int, int]]
+    ) -> list[PlannedTap]:
         index = self.cache.index
         la = index.lanes[LaneId(lane)]
         frontiers = [s.frontier for node in (index.root, *la.path) for s in node.snapshots]

@@ -97,7 +97,7 @@ class LruCache(Cache):
             else:
                 self._apply(ev.SnapshotDeleted(0, victim.id))
 
-    def _free_host_slabs(self, count: int, new_value: float | None) -> bool:
+    def _free_host_slabs(self, count: int) -> bool:
         host = self.index.host
         if host is None:
             return False
