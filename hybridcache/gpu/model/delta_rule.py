@@ -44,47 +44,73 @@ def chunked_gated_delta_rule(
     state: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence of `n` tokens. Shapes: query/key `[n, Hk, dk]`, value `[n, Hv, dv]`, log_decay/beta
-    `[n, Hv]`,
-    state `[Hv, dk, dv]` fp32 (None = zeros). Returns (output `[n, Hv, dv]` fp32, final state `[Hv, dk, dv]`).
+    `[n, Hv]` (any dtype and strides), state `[Hv, dk, dv]` fp32 (None = zeros). Returns (output
+    `[n, Hv, dv]` fp32, a strided view; final state `[Hv, dk, dv]`). Pure.
+
+    Per chunk, with `A` the strictly lower `beta_i k_i.k_j` decayed by `exp(cum_i - cum_j)`, the WY form
+    needs `T = (I + A)^-1`; it is applied as `T diag(beta)` to the values and to the keys decayed to the
+    chunk start, so no `[chunk, d]` operand is scaled twice. The chunk-to-chunk recurrence runs only the two
+    products the next state needs; the outputs of every chunk are then two large batched products.
     """
-    n, value_heads, value_dim = value.shape
-    query, key = _prepare(query, key, value_heads)
-    pad = (-n) % CHUNK
-    chunks = (n + pad) // CHUNK
-
-    def heads_first(x: torch.Tensor) -> torch.Tensor:  # [n, H, d] -> [H, chunks, CHUNK, d]
-        x = x.float().transpose(0, 1)
-        if pad:
-            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-        return x.reshape(x.shape[0], chunks, CHUNK, x.shape[-1])
-
-    q, k, v = heads_first(query), heads_first(key), heads_first(value)
-    b = heads_first(beta.unsqueeze(-1))
-    cum = heads_first(log_decay.unsqueeze(-1)).squeeze(-1).cumsum(dim=-1)  # [H, chunks, CHUNK]
+    value_heads, key_dim, value_dim = value.shape[1], key.shape[-1], value.shape[-1]
+    group = value_heads // key.shape[-2]
+    chunks = -(-value.shape[0] // CHUNK)
+    q = _heads_first(query, _inverse_norm(query, key_dim**-0.5), chunks)
+    k = _heads_first(key, _inverse_norm(key), chunks)
+    if group > 1:
+        q = q.repeat_interleave(group, dim=0)
+        k = k.repeat_interleave(group, dim=0)
+    v = _heads_first(value, None, chunks)
+    b = _heads_first(beta.unsqueeze(-1), None, chunks).squeeze(-1)  # [H, chunks, CHUNK]; padding 0
+    cum = _heads_first(log_decay.unsqueeze(-1), None, chunks).squeeze(-1).cumsum_(dim=-1)
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    pair_decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    pair_decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill_(~causal, float("-inf")).exp_()
 
-    k_beta = k * b
-    strict = (k_beta @ k.transpose(-1, -2)) * pair_decay
-    lower = strict.tril(-1) + torch.eye(CHUNK, dtype=strict.dtype, device=strict.device)
-    rhs = torch.cat((v * b, k_beta * cum.exp().unsqueeze(-1)), dim=-1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    corrected_values, decayed_keys = solved[..., :value_dim], solved[..., value_dim:]
-
-    intra = (q @ k.transpose(-1, -2)) * pair_decay
-    q_decayed = q * cum.exp().unsqueeze(-1)
+    strict = torch.matmul(k, k.transpose(-1, -2)).mul_(pair_decay).tril_(-1).mul_(b.unsqueeze(-1))
+    eye = torch.eye(CHUNK, dtype=strict.dtype, device=strict.device)
+    wy = torch.linalg.solve_triangular(
+        strict.add_(eye), eye.expand_as(strict), upper=False, unitriangular=True
+    ).mul_(b.unsqueeze(-2))  # T diag(beta)
+    corrected = torch.matmul(wy, v)  # [H, chunks, CHUNK, dv]
+    decayed_keys = torch.matmul(wy.mul_(cum.exp().unsqueeze(-2)), k)  # [H, chunks, CHUNK, dk]
+    intra = torch.matmul(q, k.transpose(-1, -2)).mul_(pair_decay)
     to_end = cum[..., -1:]
-    k_to_end = (k * (to_end - cum).exp().unsqueeze(-1)).transpose(-1, -2)
+    k_to_end = k.mul((to_end - cum).exp_().unsqueeze(-1)).transpose(-1, -2)  # [H, chunks, dk, CHUNK]
     chunk_decay = to_end.exp().unsqueeze(-1)  # [H, chunks, 1, 1]
 
-    s = torch.zeros(value_heads, k.shape[-1], value_dim, device=q.device) if state is None else state.float()
-    out = torch.empty_like(corrected_values)
+    s = torch.zeros(value_heads, key_dim, value_dim, device=q.device) if state is None else state.float()
+    starts = torch.empty(value_heads, chunks, key_dim, value_dim, device=q.device)
+    fresh = corrected  # overwritten chunk by chunk: the values not yet predicted by the state
     for c in range(chunks):
-        fresh = corrected_values[:, c] - decayed_keys[:, c] @ s
-        out[:, c] = q_decayed[:, c] @ s + intra[:, c] @ fresh
-        s = s * chunk_decay[:, c] + k_to_end[:, c] @ fresh
-    out = out.reshape(value_heads, chunks * CHUNK, value_dim)[:, :n].transpose(0, 1)
-    return out, s
+        starts[:, c] = s
+        fresh[:, c] = torch.baddbmm(corrected[:, c], decayed_keys[:, c], s, alpha=-1)
+        s = torch.baddbmm(s * chunk_decay[:, c], k_to_end[:, c], fresh[:, c])
+    rows = value_heads * chunks
+    out = torch.matmul(q.mul_(cum.exp().unsqueeze(-1)), starts).view(rows, CHUNK, value_dim)
+    out.baddbmm_(intra.view(rows, CHUNK, CHUNK), fresh.view(rows, CHUNK, value_dim))
+    return out.view(value_heads, chunks * CHUNK, value_dim)[:, : value.shape[0]].transpose(0, 1), s
+
+
+def _inverse_norm(x: torch.Tensor, factor: float = 1.0) -> torch.Tensor:
+    """fp32 `factor / sqrt(sum(x²) + eps)` over the last dim (`[..., 1]`), without an fp32 copy of x."""
+    squares = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32).square_()
+    inverse = squares.add_(L2_EPS).rsqrt_()
+    return inverse.mul_(factor) if factor != 1.0 else inverse
+
+
+def _heads_first(x: torch.Tensor, scale: torch.Tensor | None, chunks: int) -> torch.Tensor:
+    """`x [n, h, d]` (times `scale [n, h, 1]`) as fp32 `[h, chunks, CHUNK, d]`, zero-padded past n: one
+    pass over x, converting, scaling and transposing at once. Pure."""
+    n, heads, dim = x.shape
+    out = torch.empty(heads, chunks, CHUNK, dim, dtype=torch.float32, device=x.device)
+    flat = out.view(heads, chunks * CHUNK, dim)
+    flat[:, n:].zero_()
+    target = flat[:, :n].transpose(0, 1)
+    if scale is None:
+        target.copy_(x)
+    else:
+        torch.mul(x, scale, out=target)
+    return out
 
 
 def recurrent_gated_delta_rule_(

@@ -70,12 +70,9 @@ class GatedDeltaNet(NamedTuple):
         """
         mixed, z, beta, log_decay = self._project(x)
         history = torch.zeros_like(conv_state) if fresh else conv_state
-        window = torch.cat((history, mixed.transpose(0, 1).to(history.dtype)), dim=1)  # [C, K-1+n]
-        conv_out = F.silu(
-            F.conv1d(window.unsqueeze(0), self.conv_weight.unsqueeze(1), groups=window.shape[0])
-        )
-        conv_state.copy_(window[:, window.shape[1] - conv_state.shape[1] :])
-        q, k, v = self._split(conv_out[0].transpose(0, 1))
+        conv_out, tail = causal_conv(mixed, history.transpose(0, 1), self.conv_weight)
+        conv_state.copy_(tail.transpose(0, 1))
+        q, k, v = self._split(conv_out.float())  # the delta rule is fp32; one conversion for all three
         core, final = chunked_gated_delta_rule(q, k, v, log_decay, beta, None if fresh else recurrent_state)
         recurrent_state.copy_(final)
         return self._output(core, z, x.dtype)
@@ -101,3 +98,28 @@ class GatedDeltaNet(NamedTuple):
         window = torch.cat((history, mixed.unsqueeze(-1).to(conv_plane.dtype)), dim=-1)  # [B, C, K]
         conv_plane.index_copy_(0, slots, window[:, :, 1:])
         return F.silu((window * self.conv_weight).sum(dim=-1))  # one output column: a dot per channel
+
+
+def causal_conv(
+    inputs: torch.Tensor, past: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The depthwise causal conv of a chunk, then SiLU: `inputs [n, C]` after the `past [K-1, C]` inputs,
+    `weight [C, K]` -> (`silu(conv)` `[n, C]` in inputs' dtype, the last `K-1` inputs `[K-1, C]`). Pure.
+
+    Computed token-major (the layout of the projections around it, so nothing is transposed) as K shifted
+    multiply-adds accumulated in fp32 and rounded once, as a conv kernel does.
+    """
+    count, kernel = inputs.shape[0], weight.shape[1]
+    taps, wide, wide_past = weight.float(), inputs.float(), past.float()  # same-dtype products are fast
+    acc = wide * taps[:, kernel - 1]
+    for shift in range(1, kernel):
+        tap = taps[:, kernel - 1 - shift]
+        if shift < count:
+            acc[shift:].addcmul_(wide[: count - shift], tap)
+        rows = min(shift, count)
+        acc[:rows].addcmul_(wide_past[kernel - 1 - shift : kernel - 1 - shift + rows], tap)
+    if count >= kernel - 1:
+        tail = inputs[count - (kernel - 1) :]
+    else:
+        tail = torch.cat((past[count:], inputs.to(past.dtype)))
+    return F.silu(acc.to(inputs.dtype)), tail
