@@ -239,14 +239,20 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
 
     def _adjust_live_below(self, anchor: BlockNode, delta: int) -> None:
         """live_snapshots_below += delta (±1) from ``anchor`` to the root; only a 0 <-> 1 change can move a
-        node on or off the dead list. Mutates."""
+        node on or off the dead list. Counts never fall going up, so the nodes at the edge value form a
+        run from ``anchor`` upward: they are refreshed, and above the run the counts only move. Mutates."""
         node: BlockNode | None = anchor
         edge = 1 if delta > 0 else 0
         refresh = self._refresh_node
-        while node is not None:  # one step per block above the anchor: kept to attribute work
+        while node is not None:  # the run of nodes that cross the 0 <-> 1 edge
             live = node.live_snapshots_below = node.live_snapshots_below + delta
-            if live == edge:
-                refresh(node)
+            if live != edge:
+                node = node.parent
+                break
+            refresh(node)
+            node = node.parent
+        while node is not None:  # one step per block above the run: counts only
+            node.live_snapshots_below += delta
             node = node.parent
 
     # ------------------------------------------------------------------ structural removal
@@ -280,7 +286,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         """Remove ``top``, its subtree and their snapshots (§9.4). Mutates; caller validated."""
         nodes = self._subtree(top)
         for node in nodes:
-            for snap in list(node.snapshots):
+            for snap in node.snapshots:  # a tuple: removal replaces it, this loop keeps the old one
                 self._remove_snapshot(snap)
         parent = top.parent
         assert parent is not None
@@ -309,8 +315,9 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             self._release_slabs(snap.host_slabs)
         if snap.device_slot is not None:
             self.slots.set_role(snap.device_slot, _SLOT_FREE, None)
-        snap.anchor.snapshots.remove(snap)
-        del self.snapshot_by_key[(snap.anchor.id, snap.tail_tokens)]
+        anchor = snap.anchor
+        anchor.snapshots = tuple(other for other in anchor.snapshots if other is not snap)
+        del self.snapshot_by_key[(anchor.id, snap.tail_tokens)]
         del self.snapshots[snap.id]
         self._unlink_ancestry(snap)
         self._adjust_live_below(snap.anchor, -1)

@@ -6,7 +6,6 @@ Each handler validates everything first (raising EventRejected) and mutates only
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
@@ -46,7 +45,6 @@ _PAGE_TAIL = PageOwnerKind.TAIL
 _SLAB_NODE = SlabOwnerKind.NODE
 _SLAB_IMAGE = SlabOwnerKind.IMAGE
 _SLAB_TAIL = SlabOwnerKind.TAIL
-_PARENT_OF = attrgetter("parent")
 
 
 def _named_twice(ids: tuple[int, ...]) -> bool:
@@ -74,13 +72,15 @@ class LaneHandlers(_Base):
                 raise EventRejected(f"LaneStaged: snapshot {e.snapshot} is not at the end of the path")
         elif e.base != 0:
             raise EventRejected("LaneStaged: a nonzero base needs a snapshot")
-        self._check_free_pages(e.private_pages, "LaneStaged")
+        if e.private_pages:
+            self._check_free_pages(e.private_pages, "LaneStaged")
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
         self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
         self._pin_path(path, e.seq)
         lane.path = path
-        self._grant_pages(lane, e.private_pages)
+        if e.private_pages:
+            self._grant_pages(lane, e.private_pages)
         if source is not None:
             source.restore_pins += 1
             self._refresh_tail(source)
@@ -92,21 +92,28 @@ class LaneHandlers(_Base):
         raises EventRejected naming the first bad node.
 
         Every node in the tree has a device or a host copy (§9.4: a node that loses its last copy is
-        deleted; ``check_integrity`` verifies it), so existing is enough to be usable. The chain test runs
-        in C: the parents of the path, compared element by element (identity first) with the path shifted.
+        deleted; ``check_integrity`` verifies it), so existing is enough to be usable. The chain test walks
+        up from the last node: the path holds exactly its ancestors (missing nodes are None and fail it).
         """
         path = list(map(self.nodes.get, node_ids))  # type: ignore[arg-type]
-        try:
-            parents = list(map(_PARENT_OF, path))
-        except AttributeError:  # a missing node (None has no parent)
-            parents = None
-        if parents is not None and (not path or (parents[0] is self.root and parents[1:] == path[:-1])):
+        if not path:
             return path
+        node = path[-1]
+        try:
+            for expected in reversed(path):
+                if node is not expected:
+                    break
+                node = node.parent  # type: ignore[union-attr]  # None (missing, or above the root) raises
+            else:
+                if node is self.root:
+                    return path  # type: ignore[return-value]
+        except AttributeError:
+            pass  # a missing node or the root named on the path: reported below
         parent = self.root
-        for node_id, node in zip(node_ids, path):
-            if node is None or node.parent is not parent:
+        for node_id, found in zip(node_ids, path):
+            if found is None or found.parent is not parent:
                 raise EventRejected(f"LaneStaged: node {node_id} is missing or does not continue the path")
-            parent = node
+            parent = found
         raise AssertionError("unreachable: the chain test failed but every link holds")  # pragma: no cover
 
     def _grant_pages(self, lane: Lane, pages: tuple[int, ...]) -> None:
@@ -259,7 +266,7 @@ class LaneHandlers(_Base):
         if node_id >= self.next_node_id:
             self.next_node_id = node_id + 1
         del lane.private[page]
-        self.pages.transfer(page, _PAGE_NODE, node_id)
+        self.pages.owners[page] = (_PAGE_NODE, node_id)  # DevicePages.transfer, inlined: once per block
         node.device_page = page
         node.device_state = _RESIDENT
         node.active_refs = 1  # pinned by the lane from birth: never on the LRU or the dead list
@@ -363,13 +370,13 @@ class LaneHandlers(_Base):
         self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
         if batch >= self.next_batch_id:
             self.next_batch_id = batch + 1
-        owners, filling, remove = self.slab_owners, _FILLING, self.lru.remove
+        owners, filling = self.slab_owners, _FILLING
         for node, slab in zip(nodes, e.node_slabs):
             owners[slab] = (_SLAB_NODE, node.id)
             node.host_slab = slab
             node.host_state = filling
             node.restore_pins += 1
-            remove(node)  # pinned: off the LRU; host ABSENT before, so never on the dead list
+        self.lru.remove_all(nodes)  # pinned: off the LRU; host ABSENT before, so never on the dead list
         for snap, group in zip(images, e.image_slabs):
             owned = (_SLAB_IMAGE, snap.id)
             for slab in group:
@@ -382,7 +389,7 @@ class LaneHandlers(_Base):
             snap.tail_host_slab = slab
             snap.tail_host_state = filling
             snap.restore_pins += 1
-            self._refresh_tail(snap)
+        self.lru.remove_all(tails)  # pinned tails leave the LRU (``_refresh_tail`` with a pin held)
         self.host_writes[batch] = HostWriteBatch(nodes, images, tails)
 
     def _check_write_sources(
@@ -409,10 +416,18 @@ class LaneHandlers(_Base):
         if batch is None:
             raise EventRejected(f"HostWriteLanded: no write batch {e.batch}")
         del self.host_writes[e.batch]
-        for node in batch.nodes:
-            node.host_state = _RESIDENT
-            node.restore_pins -= 1
-            self._refresh_node(node)
+        resident, unpinned, dead = _RESIDENT, [], self.dead_nodes
+        for node in batch.nodes:  # ``_refresh_node`` for a node that was pinned (so on no list), inlined
+            node.host_state = resident
+            pins = node.restore_pins = node.restore_pins - 1
+            if pins or node.active_refs or node.parent is None:  # the root is never listed
+                continue
+            if node.device_state is resident:
+                unpinned.append(node)  # joins the host-backed list, in batch order
+            if node.live_snapshots_below == 0:
+                dead[node.id] = node
+        if unpinned:
+            self.lru.extend_mru(unpinned, _BACKED)
         for snap in batch.images:
             snap.host_state = _RESIDENT
             snap.restore_pins -= 1

@@ -75,7 +75,7 @@ class LoadedHandlers(_Base):
         snap.hits = e.hits
         snap.published_tick = snap.last_hit_tick = e.seq
         snap.base_l = self.gdsf_l
-        anchor.snapshots.append(snap)
+        anchor.snapshots += (snap,)
         self.snapshots[snap.id] = snap
         self.snapshot_by_key[(anchor.id, tail)] = snap
         self._attach_snapshot(snap)

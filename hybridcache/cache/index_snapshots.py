@@ -6,6 +6,7 @@ Each handler validates everything first (raising EventRejected) and mutates only
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
@@ -44,7 +45,9 @@ def _is_prefix(short: tuple[int, ...], long: tuple[int, ...]) -> bool:
     return len(short) <= len(long) and long[: len(short)] == short
 
 
-def _deepest_above(candidates: list[Snapshot], snap: Snapshot, following: tuple[int, ...]) -> Snapshot | None:
+def _deepest_above(
+    candidates: Sequence[Snapshot], snap: Snapshot, following: tuple[int, ...]
+) -> Snapshot | None:
     """Among ``candidates`` (anchored on one node of ``snap``'s path), the deepest one strictly before
     ``snap`` whose tail is a prefix of ``following`` (the tokens after that node on ``snap``'s path)."""
     best = None
@@ -134,7 +137,7 @@ class SnapshotHandlers(_Base):
         snap.published_tick = snap.last_hit_tick = e.seq
         snap.base_l = self.gdsf_l
         snap.gdsf_h = e.gdsf_h
-        anchor.snapshots.append(snap)
+        anchor.snapshots += (snap,)
         self.snapshots[snap.id] = snap
         self.snapshot_by_key[(anchor.id, tail)] = snap
         self._attach_snapshot(snap)
@@ -246,7 +249,11 @@ class SnapshotHandlers(_Base):
 
     def _attach_snapshot(self, snap: Snapshot) -> None:
         """A new snapshot (already in its anchor's list) counts as live from its anchor to the root and
-        gets its ancestry links (§9.3), in one walk up the path. Mutates."""
+        gets its ancestry links (§9.3), in one walk up the path. Mutates.
+
+        Only nodes below the nearest node that already had a live snapshot can go from 0 to 1 (and so
+        change dead-list membership); the walk to the ancestor covers them (a node holding the ancestor
+        is live), and above the ancestor the counts only rise, in a loop that does nothing else."""
         refresh = self._refresh_node
         child = anchor = snap.anchor
         live = anchor.live_snapshots_below = anchor.live_snapshots_below + 1
@@ -258,15 +265,13 @@ class SnapshotHandlers(_Base):
         node = anchor.parent
         while node is not None and ancestor is None:  # one step per block: find_ancestor, fused
             live = node.live_snapshots_below = node.live_snapshots_below + 1
-            if live == 1:
+            if live == 1 and not (node.active_refs or node.restore_pins):  # pinned: on no list, not dead
                 refresh(node)
             if node.snapshots:
                 ancestor = _deepest_above(node.snapshots, snap, child.tokens)
             child, node = node, node.parent
-        while node is not None:  # above the ancestor, live counts only
-            live = node.live_snapshots_below = node.live_snapshots_below + 1
-            if live == 1:
-                refresh(node)
+        while node is not None:  # above the ancestor every count is >= 1 already: no refresh
+            node.live_snapshots_below += 1
             node = node.parent
         self._link_below(snap, ancestor)
 

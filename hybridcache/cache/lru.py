@@ -7,6 +7,7 @@ Lane staging and release move whole paths (about 90 nodes per request on average
 lists. Those two transitions are the hottest loops of the index, so besides the single-entry
 ``push_mru`` / ``remove`` there are ``pin_path`` / ``unpin_path``: one pass per path that does the pin
 counting, the list splicing and the dead-list update together, with the list ends bound to locals.
+Write-through batches use ``extend_mru`` / ``remove_all``: the single-entry calls in one loop.
 """
 
 from __future__ import annotations
@@ -91,11 +92,43 @@ class DeviceLru:
         entry.lru_list = _NONE
         self._counts[which] -= 1
 
+    def extend_mru(self, entries: Sequence[LruLinks], which: LruList) -> None:
+        """``push_mru(entry, which)`` for each entry in order (none may be listed; the caller checked).
+        Mutates; raises ValueError if ``which`` is not a list."""
+        sentinel = self._sentinel(which)
+        which = _BACKED if sentinel is self._backed else _UNBACKED  # a member, not an equal int
+        last = sentinel.lru_prev
+        for entry in entries:
+            entry.lru_prev = last
+            last.lru_next = entry  # type: ignore[union-attr]
+            entry.lru_list = which
+            last = entry
+        last.lru_next = sentinel  # type: ignore[union-attr]
+        sentinel.lru_prev = last
+        self._counts[which] += len(entries)
+
+    def remove_all(self, entries: Sequence[LruLinks]) -> None:
+        """``remove(entry)`` for each entry (unlisted ones are skipped). Mutates."""
+        counts, none = self._counts, _NONE
+        for entry in entries:
+            which = entry.lru_list
+            if which is none:
+                continue
+            prev, nxt = entry.lru_prev, entry.lru_next
+            prev.lru_next = nxt  # type: ignore[union-attr]
+            nxt.lru_prev = prev  # type: ignore[union-attr]
+            entry.lru_prev = entry.lru_next = None
+            entry.lru_list = none
+            counts[which] -= 1
+
     def pin_path(self, path: Sequence[BlockNode], tick: int, dead: dict[NodeId, BlockNode]) -> None:
-        """A lane maps ``path`` (§6.4): active_refs + 1 and last access = ``tick`` on every node; a node
-        pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
-        Mutates the nodes, the lists and ``dead``; the caller validated the path."""
+        """A lane maps ``path`` (a chain from block 0, §6.4): active_refs + 1 and last access = ``tick`` on
+        every node; a node pinned for the first time leaves its list (pinned nodes are never listed, §9.1)
+        and ``dead``. Mutates the nodes, the lists and ``dead``; the caller validated the path."""
         left_backed = left_unbacked = 0
+        # Counts never fall going up a path: if its last node has a live snapshot below, every node has
+        # one and none of them can be on the dead list.
+        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0
         for node in path:
             refs = node.active_refs = node.active_refs + 1
             node.last_access_tick = tick
@@ -112,20 +145,21 @@ class DeviceLru:
                     left_backed += 1
                 else:
                     left_unbacked += 1
-            if node.live_snapshots_below == 0:
+            if maybe_dead and node.live_snapshots_below == 0:
                 dead.pop(node.id, None)
         counts = self._counts
         counts[_BACKED] -= left_backed
         counts[_UNBACKED] -= left_unbacked
 
     def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
-        """A lane releases ``path``: active_refs - 1 on every node, deepest first. A node left without
-        pins joins the MRU end of the list its host copy selects, so the path is appended in reverse block
-        order and its deepest block is evicted first (§9.1); with no live snapshot below and a host copy
-        it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
+        """A lane releases ``path`` (a chain from block 0): active_refs - 1 on every node, deepest first. A
+        node left without pins joins the MRU end of the list its host copy selects, so the path is appended
+        in reverse block order and its deepest block is evicted first (§9.1); with no live snapshot below
+        and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
         backed, unbacked = self._backed, self._unbacked
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
         joined_backed = joined_unbacked = 0
+        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_path``
         for node in reversed(path):
             refs = node.active_refs = node.active_refs - 1
             if refs or node.restore_pins:
@@ -144,7 +178,7 @@ class DeviceLru:
                     node.lru_list = _UNBACKED
                     last_unbacked = node
                     joined_unbacked += 1
-            if host_resident and node.live_snapshots_below == 0:
+            if maybe_dead and host_resident and node.live_snapshots_below == 0:
                 dead[node.id] = node
         last_backed.lru_next = backed  # type: ignore[union-attr]
         backed.lru_prev = last_backed

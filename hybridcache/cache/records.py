@@ -149,7 +149,9 @@ class BlockNode(LruLinks):
         self.restore_pins = 0
         self.live_snapshots_below = 0
         self.last_access_tick = 0
-        self.snapshots: list[Snapshot] = []  # anchored here, in publication order
+        # Anchored here, in publication order. A tuple, replaced when one is added or removed: most nodes
+        # anchor none and share the empty tuple, so a committed block allocates no list for them.
+        self.snapshots: tuple[Snapshot, ...] = ()
 
     def packed_tokens(self) -> bytes:
         """The tokens as packed uint32 little-endian, for the byte-wise match walk (§6.1).

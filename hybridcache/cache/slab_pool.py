@@ -121,13 +121,22 @@ class HostSlabPool:
         Raises ValueError (and changes nothing) when an id is outside the pool, not free, or repeated.
         """
         wanted = list(slabs)
-        self._require_distinct(wanted, "take")
+        if len(wanted) > 1:
+            self._require_distinct(wanted, "take")
+        position, count = self._position, self.num_slabs
         for slab in wanted:
-            self._check_id(slab)
-            if self._position[slab] is None:
+            if not 0 <= slab < count:
+                self._check_id(slab)  # raises
+            if position[slab] is None:
                 raise ValueError(f"slab {slab} is not free")
-        for slab in wanted:
-            self._remove_from_stack(slab)
+        stack = self._free_stack
+        for slab in wanted:  # swap-remove: the top of the stack takes the slab's place
+            top = stack.pop()
+            if top != slab:
+                where = position[slab]
+                stack[where] = top  # type: ignore[index]  # free => positioned
+                position[top] = where
+            position[slab] = None
 
     def release(self, slabs: Iterable[SlabId]) -> None:
         """Return ``slabs`` to the free stack; the last one given is reused first. Mutates. All-or-nothing.
@@ -136,27 +145,22 @@ class HostSlabPool:
         free) or repeated.
         """
         returned = list(slabs)
-        self._require_distinct(returned, "release")
+        if len(returned) > 1:
+            self._require_distinct(returned, "release")
+        position, count = self._position, self.num_slabs
         for slab in returned:
-            self._check_id(slab)
-            if self._position[slab] is not None:
+            if not 0 <= slab < count:
+                self._check_id(slab)  # raises
+            if position[slab] is not None:
                 raise ValueError(f"slab {slab} is already free (double free)")
+        stack = self._free_stack
         for slab in returned:
-            self._position[slab] = len(self._free_stack)
-            self._free_stack.append(slab)
+            position[slab] = len(stack)
+            stack.append(slab)
 
     def free_slabs(self) -> list[SlabId]:
         """Every free slab id in allocation order (next to be taken first). Pure; O(num_free)."""
         return [SlabId(slab) for slab in reversed(self._free_stack)]
-
-    def _remove_from_stack(self, slab: int) -> None:
-        position = self._position[slab]
-        assert position is not None
-        top = self._free_stack.pop()
-        if top != slab:
-            self._free_stack[position] = top
-            self._position[top] = position
-        self._position[slab] = None
 
     def _check_id(self, slab: int) -> None:
         if not 0 <= slab < self.num_slabs:

@@ -13,14 +13,19 @@ events_per_s        encode + apply + append to an in-memory journal, over a real
 events_per_s_device_full  the same requests on a device a fifth the size, so admissions evict
 evict_plan_us       one host eviction planning step with 1,000 snapshots on the host
 Targets on the reference machine: match_240k_ms <= 2, events_per_s >= 300000.
+--profile N         also fold the event mix once under cProfile (after the timed runs) and print the N
+                    costliest functions by own time to stderr
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -44,6 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=15, help="timed repetitions (median reported)")
     parser.add_argument("--evict-snapshots", type=int, default=1000, help="host snapshots for evict_plan_us")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after measuring, fold the event mix once under cProfile and print its N costliest functions "
+        "(by own time) to stderr; the measurements are taken without the profiler",
+    )
 
 
 def _median_seconds(action: Callable[[], object], repeat: int) -> float:
@@ -212,6 +225,23 @@ def _bench_events(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def _print_fold_profile(args: argparse.Namespace, top: int) -> None:
+    """One fold of the event mix (encode + apply + append, as ``_fold_seconds``) under cProfile; the
+    ``top`` functions by own time go to stderr. The profiler's per-call cost inflates small functions."""
+    geometry = _geometry(2048, 6, 4096)
+    journal = _event_mix(geometry, args.seed + 1)
+    index = PrefixIndex(geometry)
+    apply, encode = index.apply, ev.encode_event
+    out: list[bytes] = []
+    profile = cProfile.Profile()
+    profile.enable()
+    for event in journal:
+        out.append(encode(event))
+        apply(event)
+    profile.disable()
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(top)
+
+
 def _bench_evict(args: argparse.Namespace) -> dict[str, float]:
     rng = random.Random(args.seed + 2)
     count = args.evict_snapshots
@@ -243,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
     results.update(_bench_evict(args))
     for name, value in results.items():
         print(f"{name}={value:.6g}")
+    if getattr(args, "profile", 0) > 0:
+        _print_fold_profile(args, args.profile)
     return 0
 
 

@@ -32,8 +32,16 @@ def _assert_rejected(index: PrefixIndex, event, fragment: str) -> None:
 
 @pytest.mark.parametrize(
     "path, culprit",
-    [((1, 3), 3), ((2, 3), 2), ((1, 99), 99), ((99, 2), 99)],
-    ids=["skips a block", "does not start at the root", "names a missing node", "starts missing"],
+    [((1, 3), 3), ((2, 3), 2), ((1, 99), 99), ((99, 2), 99), ((0, 1), 0), ((1, 0), 0), ((99, 0), 99)],
+    ids=[
+        "skips a block",
+        "does not start at the root",
+        "names a missing node",
+        "starts missing",
+        "starts with the root",
+        "ends with the root",
+        "a missing node above the root",
+    ],
 )
 def test_a_staged_path_that_skips_starts_wrong_or_misses_a_block_is_rejected(path, culprit):
     cache = _cache_with_a_five_block_chain()

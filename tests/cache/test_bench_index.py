@@ -24,3 +24,13 @@ def test_the_index_benchmark_prints_every_measurement(capsys):
     lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert set(lines) >= EXPECTED
     assert all(float(lines[name]) > 0 for name in EXPECTED)
+
+
+def test_the_profile_flag_prints_the_fold_profile_to_stderr_and_keeps_stdout_parseable(capsys):
+    parser = argparse.ArgumentParser()
+    bench_index.add_arguments(parser)
+    small = ["--blocks", "40", "--snapshots", "4", "--repeat", "3", "--evict-snapshots", "20"]
+    assert bench_index.run(parser.parse_args([*small, "--profile", "5"])) == 0
+    captured = capsys.readouterr()
+    assert set(dict(line.split("=", 1) for line in captured.out.splitlines())) >= EXPECTED
+    assert "tottime" in captured.err and "apply" in captured.err

@@ -1,0 +1,87 @@
+"""Device LRU batch forms (§9.1): ``extend_mru`` and ``remove_all`` leave the lists exactly as the
+single-entry ``push_mru`` / ``remove`` calls they stand for, in the same order, with the same counts."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridcache.cache.lru import DeviceLru
+from hybridcache.cache.records import LruLinks, LruList
+
+
+class Entry(LruLinks):
+    __slots__ = ("id",)
+
+    def __init__(self, entry_id: int) -> None:
+        super().__init__()
+        self.id = entry_id
+
+
+def listed_ids(lru: DeviceLru) -> tuple[list[int], list[int]]:
+    return tuple(  # type: ignore[return-value]
+        [entry.id for entry in lru.iter_lru_first(which)] for which in (LruList.BACKED, LruList.UNBACKED)
+    )
+
+
+def assert_same_lists(batched: DeviceLru, single: DeviceLru) -> None:
+    assert listed_ids(batched) == listed_ids(single)
+    for which in (LruList.BACKED, LruList.UNBACKED):
+        assert batched.count(which) == single.count(which) == len(list(batched.iter_lru_first(which)))
+
+
+# One step: ("push", list, ids) appends the unlisted ones among ids; ("remove", ids) unlinks them.
+_ids = st.lists(st.integers(0, 15))
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.sampled_from([LruList.BACKED, LruList.UNBACKED]), _ids),
+        st.tuples(st.just("remove"), _ids),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=_steps)
+def test_batches_match_single_entry_calls_step_for_step(steps):
+    batched, single = DeviceLru(), DeviceLru()
+    batched_entries = [Entry(i) for i in range(16)]
+    single_entries = [Entry(i) for i in range(16)]
+    for step in steps:
+        if step[0] == "push":
+            _, which, ids = step
+            wanted = list(dict.fromkeys(i for i in ids if batched_entries[i].lru_list is LruList.NONE))
+            batched.extend_mru([batched_entries[i] for i in wanted], which)
+            for i in wanted:
+                single.push_mru(single_entries[i], which)
+        else:
+            _, ids = step
+            batched.remove_all([batched_entries[i] for i in dict.fromkeys(ids)])
+            for i in dict.fromkeys(ids):
+                single.remove(single_entries[i])
+        assert_same_lists(batched, single)
+    assert [e.lru_list for e in batched_entries] == [e.lru_list for e in single_entries]
+
+
+def test_an_empty_batch_changes_nothing():
+    lru = DeviceLru()
+    first = Entry(1)
+    lru.push_mru(first, LruList.BACKED)
+    lru.extend_mru([], LruList.UNBACKED)
+    lru.remove_all([])
+    assert listed_ids(lru) == ([1], []) and len(lru) == 1
+
+
+def test_removed_entries_are_unlinked_and_can_join_again():
+    lru = DeviceLru()
+    entries = [Entry(i) for i in range(4)]
+    lru.extend_mru(entries, LruList.UNBACKED)
+    lru.remove_all(entries[1:3])
+    assert listed_ids(lru) == ([], [0, 3])
+    assert all(e.lru_prev is None and e.lru_next is None for e in entries[1:3])
+    lru.extend_mru(entries[2:0:-1], LruList.BACKED)
+    assert listed_ids(lru) == ([2, 1], [0, 3]) and len(lru) == 4
+
+
+def test_extending_a_list_that_is_not_a_device_list_raises():
+    with pytest.raises(ValueError, match="not a device LRU list"):
+        DeviceLru().extend_mru([Entry(1)], LruList.NONE)
