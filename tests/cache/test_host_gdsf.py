@@ -1,4 +1,8 @@
-"""Host GDSF (§9.3, §13.1): hand-computed priorities, dead KV first, exclusive paths, monotonic L."""
+"""Host GDSF (§9.3, §13.1): hand-computed priorities, dead KV first, exclusive paths, monotonic L.
+
+Priorities are GD*-tempered (host_eviction's module note): ``h(density)`` below is the expected H of a
+snapshot published at L = 0 with that density.
+"""
 
 import pytest
 from cache_factories import (
@@ -13,10 +17,15 @@ from cache_factories import (
 )
 
 from hybridcache.cache.events import GdsfInflated, NodeHostDropped, SnapshotDeleted, SnapshotDeviceDropped
-from hybridcache.cache.host_eviction import plan_host_room
+from hybridcache.cache.host_eviction import SUPERSEDED_WEIGHT, plan_host_room, tempered_density
 from hybridcache.cache.index import PrefixIndex
 
 RESTORE = IMAGE / 1e15  # restore_seconds(image) under linear_cost()
+
+
+def h(density: float, weight: float = 1.0) -> float:
+    """H of a snapshot valued at L = 0: its density, tempered (GD*), times its weight."""
+    return weight * tempered_density(density)
 
 
 def gdsf_cache(host_slabs: int = 200):
@@ -33,11 +42,11 @@ def test_two_siblings_are_valued_by_their_own_prefill_and_exclusive_blocks():
     _, _, a = run_request(cache, shared + tokens(128, seed=2), lane=0)  # endpoint at 256
     _, _, b = run_request(cache, shared + tokens(192, seed=3), lane=1)  # endpoint at 320, from the root
     # A: 256 tokens saved, image + its 2 exclusive blocks. B: 320 tokens, image + 3 exclusive blocks.
-    assert h_of(cache, a.endpoint) == pytest.approx((0.256 - RESTORE) / (IMAGE + 2 * PAGE))
-    assert h_of(cache, b.endpoint) == pytest.approx((0.320 - RESTORE) / (IMAGE + 3 * PAGE))
+    assert h_of(cache, a.endpoint) == pytest.approx(h((0.256 - RESTORE) / (IMAGE + 2 * PAGE)))
+    assert h_of(cache, b.endpoint) == pytest.approx(h((0.320 - RESTORE) / (IMAGE + 3 * PAGE)))
 
 
-def test_nested_snapshots_value_against_the_nearest_retained_ancestor_and_count_hits():
+def test_a_lineage_middle_is_valued_against_its_ancestor_and_its_newest_against_the_root():
     cache = gdsf_cache()
     history = tokens(256, seed=1)
     _, _, first = run_request(cache, history, lane=0)  # E1 at 256
@@ -47,10 +56,12 @@ def test_nested_snapshots_value_against_the_nearest_retained_ancestor_and_count_
     assert retry.reuse_tokens == 256 and third.endpoint is None
     e1 = cache.index.snapshots[first.endpoint]
     assert not e1.superseded and e1.hits == 2
-    # E1: (1 + 2 hits) × 256 tokens over its image alone (its blocks are shared with E2).
-    assert e1.gdsf_h == pytest.approx(3 * (0.256 - RESTORE) / IMAGE)
-    # E2: only the 128 tokens above E1, over its image and its 2 exclusive blocks.
-    assert h_of(cache, second.endpoint) == pytest.approx((0.128 - RESTORE) / (IMAGE + 2 * PAGE))
+    # E1 (E2 records it as its ancestor): (1 + 2 hits) × 256 tokens over its image alone (its blocks are
+    # shared with E2), at the L of its last hit.
+    assert e1.gdsf_h == pytest.approx(e1.base_l + h(3 * (0.256 - RESTORE) / IMAGE))
+    # E2, the newest of the lineage: all 384 tokens from the root (E1 is no other lineage's), over its
+    # image and its 2 exclusive blocks.
+    assert h_of(cache, second.endpoint) == pytest.approx(h((0.384 - RESTORE) / (IMAGE + 2 * PAGE)))
 
 
 def test_dead_kv_is_reclaimed_before_any_snapshot():
@@ -98,14 +109,31 @@ def test_the_inflation_value_never_falls_under_pressure():
     assert seen == sorted(seen)
 
 
-def test_a_snapshot_is_valued_against_the_nearest_snapshot_above_even_a_superseded_one():
+def test_a_superseded_middle_is_valued_against_the_snapshot_above_it_at_half_weight():
     cache = gdsf_cache()
     history = tokens(256, seed=1)
     _, _, first = run_request(cache, history, lane=0)  # E1 at 256
-    _, _, second = run_request(cache, history + tokens(128, seed=2), lane=1)  # resumes E1: E1 superseded
-    assert cache.index.snapshots[first.endpoint].superseded
-    # Removing E2 alone costs the 128 tokens above E1, which stays (deviation from §9.3's "retained").
-    assert h_of(cache, second.endpoint) == pytest.approx((0.128 - RESTORE) / (IMAGE + 2 * PAGE))
+    run_request(cache, history + tokens(64, seed=2), lane=1)  # resumes E1: E1 superseded, E2 at 320
+    e1 = cache.index.snapshots[first.endpoint]
+    assert e1.superseded and e1.hits == 1
+    # E1 is the middle of the lineage: (1 + 1 hit) × its 256 tokens from the root over its image alone,
+    # at the superseded weight (deviation from §9.3: it competes by value instead of going first).
+    assert e1.gdsf_h == pytest.approx(e1.base_l + h(2 * (0.256 - RESTORE) / IMAGE, SUPERSEDED_WEIGHT))
+
+
+def test_the_newest_snapshot_of_a_lineage_is_valued_against_the_nearest_shared_snapshot():
+    cache = gdsf_cache()
+    history = tokens(256, seed=1)
+    _, _, first = run_request(cache, history, lane=0)  # E1 at 256
+    _, _, second = run_request(cache, history + tokens(128, seed=2), lane=1)  # E2 at 384, below E1
+    _, _, third = run_request(cache, history + tokens(192, seed=3), lane=0)  # E3 at 448, a second branch
+    e1 = cache.index.snapshots[first.endpoint]
+    assert len(e1.dependents) == 2
+    # E1 is shared by two lineages now, so E3 (valued after the branch) is worth only its own 192 tokens.
+    assert h_of(cache, third.endpoint) == pytest.approx(
+        cache.index.snapshots[third.endpoint].base_l + h((0.192 - RESTORE) / (IMAGE + 3 * PAGE))
+    )
+    assert second.endpoint is not None
 
 
 def test_superseded_snapshots_compete_by_value_instead_of_going_first():
