@@ -103,12 +103,15 @@ def test_a_flipped_byte_fails_exactly_its_run_and_the_others_still_land(tmp_path
     assert_runs_landed(memory, [requests[i] for i in (0, 2, 3)], [runs[i] for i in (0, 2, 3)])
 
 
-def test_a_file_that_ends_inside_a_run_raises(tmp_path: Path):
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_file_that_ends_inside_a_run_raises(tmp_path: Path, read_ahead: bool):
+    """With the reader thread too: its error reaches the caller, not lost in the thread."""
     path = tmp_path / "data.bin"
-    runs = write_data_file(path, [2, 2])
-    path.write_bytes(path.read_bytes()[: -SLAB - 100])
+    runs = write_data_file(path, [2, 2, 2])
+    path.write_bytes(path.read_bytes()[: -3 * SLAB - 100])
+    requests = requests_for(runs, [SlabId(s) for s in range(6)])
     with pytest.raises(CacheFileError, match="ended inside a slab run"):
-        read_runs(path, host_memory(), requests_for(runs, [SlabId(s) for s in range(4)]))
+        read_runs(path, host_memory(), requests, read_ahead=read_ahead, segment_bytes=SLAB)
 
 
 def test_progress_reports_the_bytes_read_after_every_read(tmp_path: Path):
@@ -126,9 +129,10 @@ def test_progress_reports_the_bytes_read_after_every_read(tmp_path: Path):
     skipped=st.sets(st.integers(0, 9)),
     shuffle_seed=st.integers(0, 1000),
     damaged=st.sets(st.integers(0, 9)),
+    read_ahead=st.booleans(),
 )
 def test_any_runs_into_any_free_slabs_land_byte_exact_and_verify_per_run(
-    tmp_path: Path, run_slabs, segment_slabs, skipped, shuffle_seed, damaged
+    tmp_path: Path, run_slabs, segment_slabs, skipped, shuffle_seed, damaged, read_ahead
 ):
     """Partial plans (some runs skipped), free slabs in any order and any segment size: every chosen
     run lands byte for byte in its slabs, and exactly the damaged ones fail their checksum."""
@@ -146,7 +150,9 @@ def test_any_runs_into_any_free_slabs_land_byte_exact_and_verify_per_run(
     requests = assign_slabs(layout, free)
     memory = host_memory()
 
-    verified, reader = read_runs(path, memory, requests, segment_bytes=segment_slabs * SLAB)
+    verified, reader = read_runs(
+        path, memory, requests, segment_bytes=segment_slabs * SLAB, read_ahead=read_ahead
+    )
 
     assert verified == [i not in damaged for i in chosen]
     intact = [(request, runs[i]) for request, i in zip(requests, chosen, strict=True) if i not in damaged]
