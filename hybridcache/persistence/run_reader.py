@@ -5,11 +5,12 @@ that follow each other in the file and whose slabs follow each other in one host
 as one segment of at most ``SEGMENT_BYTES`` with a single ``preadv`` into the chunk's memory: no
 intermediate buffer, no per-slab Python work. Each run's xxh3_64 is computed right after its segment
 lands (recently written, largely still cached) instead of in a separate pass over the whole tier. One
-reader thread stays a segment ahead (``preadv`` releases the GIL), so the disk and the kernel's copy work
-while the previous segment is hashed. Measured on a 2 GiB file (4 rounds, order rotated): reader thread
-1.24-1.44 s, a plain cold read of the same size into fresh memory 1.30 s best; asking the kernel for the
-next segment with ``POSIX_FADV_WILLNEED`` instead took 2.3-7.7 s (its synchronous readahead is costly
-when the CPUs are shared), plain sequential reads 2.2-4.0 s.
+reader thread stays a segment ahead (``preadv`` releases the GIL), so the next read is under way while
+the last segment is hashed, without relying on the kernel's readahead. On this machine's virtual disk
+the choice is within the noise: over 8 rotated rounds of 2 GiB, every variant (this reader thread,
+``POSIX_FADV_WILLNEED`` for the next segment, plain 8 or 32 MiB reads) and a plain cold read into fresh
+memory each took either about 1.2-1.5 s or 2.5-3.1 s, at random; the best times were 1.24, 1.29, 1.21,
+1.43 and 1.15 s.
 """
 
 from __future__ import annotations
