@@ -16,9 +16,8 @@ memory each took either about 1.2-1.5 s or 2.5-3.1 s, at random; the best times 
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
 import xxhash
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
 SEGMENT_BYTES = 8 << 20
 """Largest single read: big enough to amortise the syscall and keep the disk busy, small enough that the
 hash right after it mostly finds the bytes cached (32 MiB measured slower here)."""
-READS_IN_FLIGHT = 2
-"""Segments requested at once: the one being hashed next and the one after it."""
 
 
 class RunRequest(NamedTuple):
@@ -102,23 +99,17 @@ class RunReader:
         verified = [False] * len(requests)
         digest = xxhash.xxh3_64()  # carries a run that spans segments
         segments = list(self._segments(requests))
-        if not self.read_ahead:
+        if not self.read_ahead or len(segments) < 2:
             for segment in segments:
                 self._landed(segment, self._read_segment(segment), requests, digest, verified)
             return verified
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-file-read") as reader:
-            pending: deque[tuple[list[_Piece], Future[memoryview]]] = deque()
-            upcoming = iter(segments)
-            for segment in upcoming:  # this segment and the next one in flight
-                pending.append((segment, reader.submit(self._read_segment, segment)))
-                if len(pending) == READS_IN_FLIGHT:
-                    break
-            while pending:
-                segment, read = pending.popleft()
-                following = next(upcoming, None)
-                if following is not None:
-                    pending.append((following, reader.submit(self._read_segment, following)))
-                self._landed(segment, read.result(), requests, digest, verified)
+            upcoming = reader.submit(self._read_segment, segments[0])
+            for number, segment in enumerate(segments):
+                landing = upcoming
+                if number + 1 < len(segments):  # the next read runs while this segment is hashed
+                    upcoming = reader.submit(self._read_segment, segments[number + 1])
+                self._landed(segment, landing.result(), requests, digest, verified)
         return verified
 
     def _landed(
@@ -129,22 +120,11 @@ class RunReader:
         digest: xxhash.xxh3_64,
         verified: list[bool],
     ) -> None:
+        """Count a segment that landed in ``view``, hash each piece right after its read (still in the CPU
+        cache), set the flag of every run that ends in it, report progress. Mutates ``digest`` and
+        ``verified``."""
         self.bytes_read += len(view)
         self.reads += 1
-        self._verify(segment, view, requests, digest, verified)
-        if self.progress is not None:
-            self.progress(self.bytes_read)
-
-    @staticmethod
-    def _verify(
-        segment: list[_Piece],
-        view: memoryview,
-        requests: Sequence[RunRequest],
-        digest: xxhash.xxh3_64,
-        verified: list[bool],
-    ) -> None:
-        """Hash each piece right after its read (still in the CPU cache); set the flag of every run that
-        ends in this segment. Mutates ``digest`` and ``verified``."""
         done = 0
         for piece in segment:
             data = view[done : done + piece.length]
@@ -157,6 +137,8 @@ class RunReader:
             digest.update(data)
             if piece.last:
                 verified[piece.run] = digest.intdigest() == requests[piece.run].checksum
+        if self.progress is not None:
+            self.progress(self.bytes_read)
 
     def _read_segment(self, segment: list[_Piece]) -> memoryview:
         first = segment[0]
