@@ -45,14 +45,16 @@ class RestoreLanded(_Event, frozen=True):
 
 
 class LaneStaged(_Event, frozen=True):
-    """A lane pins ``path`` (blocks 0..len-1), pins ``snapshot`` until activation, takes an active slot
-    and private pages (the first private page maps block len(path))."""
+    """A lane pins its path, the ``base // 64`` blocks from block 0 down to ``path_end`` (None when the
+    path is empty), pins ``snapshot`` until activation, takes an active slot and private pages (the first
+    private page maps the block after ``path_end``). The tree holds one chain above a node, so its deepest
+    node names the path: the event stays small however long the conversation grows."""
 
     lane: int
     enabled: bool
     slot: int
     base: int
-    path: tuple[int, ...]
+    path_end: int | None
     private_pages: tuple[int, ...]
     snapshot: int | None = None
 

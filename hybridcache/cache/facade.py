@@ -164,7 +164,7 @@ class Cache(PublicationCalls):
                 quoted.enabled,
                 slot,
                 quoted.reuse_tokens,
-                quoted.path,
+                quoted.path[-1] if quoted.path else None,
                 (),
                 None if snap is None else snap.id,
             )

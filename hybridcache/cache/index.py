@@ -215,11 +215,6 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             if node.host_state is _RESIDENT:
                 self.dead_nodes.pop(node.id, None)
 
-    def _pin_path(self, path: list[BlockNode], tick: int) -> None:
-        """A staged lane pins every node of its path (§6.4): they leave the LRU and the dead list.
-        Mutates; the caller validated the path."""
-        self.lru.pin_path(path, tick, self.dead_nodes)
-
     def _unpin_path(self, path: list[BlockNode]) -> None:
         """A released lane unpins its path; nodes left without pins rejoin the LRU tail-first (§9.1) and,
         where nothing live is below them, the dead list. Mutates."""

@@ -60,15 +60,14 @@ class LaneHandlers(_Base):
             raise EventRejected(f"LaneStaged: slot {e.slot} is not free")
         if not self.slots.can_add_active():
             raise EventRejected("LaneStaged: every active slot is in use")
-        if not e.enabled and (e.path or e.snapshot is not None):
+        if not e.enabled and (e.path_end is not None or e.snapshot is not None):
             raise EventRejected("LaneStaged: a disabled lane starts from the root")
-        if len(e.path) != e.base // BLOCK_TOKENS:
-            raise EventRejected(f"LaneStaged: base {e.base} needs {e.base // BLOCK_TOKENS} path blocks")
-        path = self._resolve_path(e.path)
+        blocks = e.base // BLOCK_TOKENS
+        end = self._path_end(e.path_end, blocks, e.base)
         source = None
         if e.snapshot is not None:
             source = self.snapshot(e.snapshot)
-            if source.anchor is not (path[-1] if path else self.root) or source.frontier != e.base:
+            if source.anchor is not (end or self.root) or source.frontier != e.base:
                 raise EventRejected(f"LaneStaged: snapshot {e.snapshot} is not at the end of the path")
         elif e.base != 0:
             raise EventRejected("LaneStaged: a nonzero base needs a snapshot")
@@ -77,8 +76,7 @@ class LaneHandlers(_Base):
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
         self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
-        self._pin_path(path, e.seq)
-        lane.path = path
+        lane.path = self.lru.pin_chain(end, blocks, e.seq, self.dead_nodes)
         if e.private_pages:
             self._grant_pages(lane, e.private_pages)
         if source is not None:
@@ -87,34 +85,26 @@ class LaneHandlers(_Base):
             lane.source = source
             lane.resumed_from = source.id
 
-    def _resolve_path(self, node_ids: tuple[int, ...]) -> list[BlockNode]:
-        """The nodes a staged lane maps, from block 0: each must exist and continue the previous one. Pure;
-        raises EventRejected naming the first bad node.
+    def _path_end(self, node_id: int | None, blocks: int, base: int) -> BlockNode | None:
+        """The deepest node of a staged path of ``blocks`` blocks (None for an empty path). Pure; raises
+        EventRejected when it is missing or ends a path of another length.
 
         Every node in the tree has a device or a host copy (§9.4: a node that loses its last copy is
-        deleted; ``check_integrity`` verifies it), so existing is enough to be usable. The chain test walks
-        up from the last node: the path holds exactly its ancestors (missing nodes are None and fail it).
+        deleted; ``check_integrity`` verifies it), so existing is enough to be usable; a node at depth
+        ``blocks - 1`` has exactly ``blocks - 1`` ancestors below the root, so the depth checks the length.
         """
-        path = list(map(self.nodes.get, node_ids))  # type: ignore[arg-type]
-        if not path:
-            return path
-        node = path[-1]
-        try:
-            for expected in reversed(path):
-                if node is not expected:
-                    break
-                node = node.parent  # type: ignore[union-attr]  # None (missing, or above the root) raises
-            else:
-                if node is self.root:
-                    return path  # type: ignore[return-value]
-        except AttributeError:
-            pass  # a missing node or the root named on the path: reported below
-        parent = self.root
-        for node_id, found in zip(node_ids, path):
-            if found is None or found.parent is not parent:
-                raise EventRejected(f"LaneStaged: node {node_id} is missing or does not continue the path")
-            parent = found
-        raise AssertionError("unreachable: the chain test failed but every link holds")  # pragma: no cover
+        if node_id is None:
+            if blocks:
+                raise EventRejected(f"LaneStaged: base {base} needs {blocks} path blocks, the path is empty")
+            return None
+        node = self.nodes.get(node_id)  # type: ignore[call-overload]  # NodeId is an int
+        if node is None or node.parent is None:
+            raise EventRejected(f"LaneStaged: path end {node_id} is not a block of the tree")
+        if node.depth != blocks - 1:
+            raise EventRejected(
+                f"LaneStaged: base {base} needs {blocks} path blocks, node {node_id} ends {node.depth + 1}"
+            )
+        return node
 
     def _grant_pages(self, lane: Lane, pages: tuple[int, ...]) -> None:
         """Free pages become the lane's private pages, appended to its block table. Mutates."""

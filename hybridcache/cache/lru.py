@@ -5,7 +5,7 @@ least recently used end; entries join at the MRU end. Owned and mutated only by 
 
 Lane staging and release move whole paths (about 90 nodes per request on average) off and back onto the
 lists. Those two transitions are the hottest loops of the index, so besides the single-entry
-``push_mru`` / ``remove`` there are ``pin_path`` / ``unpin_path``: one pass per path that does the pin
+``push_mru`` / ``remove`` there are ``pin_chain`` / ``unpin_path``: one pass per path that does the pin
 counting, the list splicing and the dead-list update together, with the list ends bound to locals.
 Write-through batches use ``extend_mru`` / ``remove_all``: the single-entry calls in one loop.
 """
@@ -121,35 +121,47 @@ class DeviceLru:
             entry.lru_list = none
             counts[which] -= 1
 
-    def pin_path(self, path: Sequence[BlockNode], tick: int, dead: dict[NodeId, BlockNode]) -> None:
-        """A lane maps ``path`` (a chain from block 0, §6.4): active_refs + 1 and last access = ``tick`` on
-        every node; a node pinned for the first time leaves its list (pinned nodes are never listed, §9.1)
-        and ``dead``. Mutates the nodes, the lists and ``dead``; the caller validated the path."""
+    def pin_chain(
+        self, deepest: BlockNode | None, blocks: int, tick: int, dead: dict[NodeId, BlockNode]
+    ) -> list[BlockNode]:
+        """A lane maps the path of ``blocks`` blocks ending at ``deepest`` (§6.4); returns it from block 0.
+        Walking up from ``deepest``: active_refs + 1 and last access = ``tick`` on every node; a node
+        pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
+        Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
+        ``blocks - 1`` (None for an empty path)."""
+        path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
+        if deepest is None:
+            return path
         left_backed = left_unbacked = 0
+        none, backed, unpin_dead = _NONE, _BACKED, dead.pop
         # Counts never fall going up a path: if its last node has a live snapshot below, every node has
         # one and none of them can be on the dead list.
-        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0
-        for node in path:
+        maybe_dead = deepest.live_snapshots_below == 0
+        node = deepest
+        for block in range(blocks - 1, -1, -1):
+            path[block] = node
             refs = node.active_refs = node.active_refs + 1
             node.last_access_tick = tick
-            if refs != 1:
-                continue
-            which = node.lru_list
-            if which is not _NONE:
-                prev, nxt = node.lru_prev, node.lru_next
-                prev.lru_next = nxt  # type: ignore[union-attr]
-                nxt.lru_prev = prev  # type: ignore[union-attr]
-                node.lru_prev = node.lru_next = None
-                node.lru_list = _NONE
-                if which is _BACKED:
-                    left_backed += 1
-                else:
-                    left_unbacked += 1
-            if maybe_dead and node.live_snapshots_below == 0:
-                dead.pop(node.id, None)
+            if refs == 1:
+                which = node.lru_list
+                if which is not none:
+                    prev = node.lru_prev
+                    nxt = node.lru_next
+                    prev.lru_next = nxt  # type: ignore[union-attr]
+                    nxt.lru_prev = prev  # type: ignore[union-attr]
+                    node.lru_prev = node.lru_next = None
+                    node.lru_list = none
+                    if which is backed:
+                        left_backed += 1
+                    else:
+                        left_unbacked += 1
+                if maybe_dead and node.live_snapshots_below == 0:
+                    unpin_dead(node.id, None)
+            node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
         counts = self._counts
         counts[_BACKED] -= left_backed
         counts[_UNBACKED] -= left_unbacked
+        return path
 
     def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
         """A lane releases ``path`` (a chain from block 0): active_refs - 1 on every node, deepest first. A
@@ -159,23 +171,24 @@ class DeviceLru:
         backed, unbacked = self._backed, self._unbacked
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
         joined_backed = joined_unbacked = 0
-        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_path``
+        resident, backed_list, unbacked_list = _RESIDENT, _BACKED, _UNBACKED
+        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_chain``
         for node in reversed(path):
             refs = node.active_refs = node.active_refs - 1
             if refs or node.restore_pins:
                 continue
-            host_resident = node.host_state is _RESIDENT
-            if node.device_state is _RESIDENT:
+            host_resident = node.host_state is resident
+            if node.device_state is resident:
                 if host_resident:
                     node.lru_prev = last_backed
                     last_backed.lru_next = node  # type: ignore[union-attr]
-                    node.lru_list = _BACKED
+                    node.lru_list = backed_list
                     last_backed = node
                     joined_backed += 1
                 else:
                     node.lru_prev = last_unbacked
                     last_unbacked.lru_next = node  # type: ignore[union-attr]
-                    node.lru_list = _UNBACKED
+                    node.lru_list = unbacked_list
                     last_unbacked = node
                     joined_unbacked += 1
             if maybe_dead and host_resident and node.live_snapshots_below == 0:

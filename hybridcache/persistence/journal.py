@@ -22,7 +22,7 @@ import msgspec
 from hybridcache.persistence.framing import FrameDamage, FrameReader, encode_frame
 
 MAGIC = b"HCJOURNAL\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: LaneStaged names its path by the deepest node (path_end)
 DEFAULT_MAX_SEGMENT_BYTES = 256 << 20
 
 

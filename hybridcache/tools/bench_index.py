@@ -207,7 +207,7 @@ def _bench_events(args: argparse.Namespace) -> dict[str, float]:
     geometry = _geometry(2048, 6, 4096)
     journal = _event_mix(geometry, args.seed + 1)
     kinds = {type(e).__name__ for e in journal}
-    path_nodes = sum(len(e.path) for e in journal if isinstance(e, ev.LaneStaged))
+    path_nodes = sum(e.base // BLOCK_TOKENS for e in journal if isinstance(e, ev.LaneStaged))
     stages = sum(1 for e in journal if isinstance(e, ev.LaneStaged))
     # The same requests on a device a fifth the size: admissions evict (host-backed drops, §9.1).
     full_geometry = _geometry(400, 6, 4096)

@@ -31,25 +31,40 @@ def _assert_rejected(index: PrefixIndex, event, fragment: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path, culprit",
-    [((1, 3), 3), ((2, 3), 2), ((1, 99), 99), ((99, 2), 99), ((0, 1), 0), ((1, 0), 0), ((99, 0), 99)],
-    ids=[
-        "skips a block",
-        "does not start at the root",
-        "names a missing node",
-        "starts missing",
-        "starts with the root",
-        "ends with the root",
-        "a missing node above the root",
+    "blocks, path_end, complaint",
+    [
+        (2, 3, "node 3 ends 3"),
+        (4, 3, "node 3 ends 3"),
+        (2, 99, "path end 99 is not a block of the tree"),
+        (2, 0, "path end 0 is not a block of the tree"),
+        (2, None, "needs 2 path blocks, the path is empty"),
+        (0, 1, "needs 0 path blocks, node 1 ends 1"),
     ],
+    ids=["too deep", "too shallow", "names a missing node", "names the root", "missing", "given for no path"],
 )
-def test_a_staged_path_that_skips_starts_wrong_or_misses_a_block_is_rejected(path, culprit):
+def test_a_staged_path_end_that_is_missing_or_ends_another_length_is_rejected(blocks, path_end, complaint):
     cache = _cache_with_a_five_block_chain()
     index = cache.index
     slot = index.slots.peek_free()
     snap = next(iter(index.snapshots.values()))  # any snapshot: the path is checked before it
-    staged = ev.LaneStaged(0, 1, True, slot, BLOCK_TOKENS * len(path), path, (), snap.id)
-    _assert_rejected(index, staged, f"node {culprit} is missing or does not continue the path")
+    staged = ev.LaneStaged(0, 1, True, slot, BLOCK_TOKENS * blocks, path_end, (), snap.id)
+    _assert_rejected(index, staged, complaint)
+
+
+def test_a_staged_lane_pins_exactly_the_chain_above_its_path_end():
+    cache = _cache_with_a_five_block_chain()
+    index = cache.index
+    anchored = max(index.snapshots.values(), key=lambda s: s.frontier)
+    blocks = anchored.frontier // BLOCK_TOKENS
+    slot = index.slots.peek_free()
+    end = anchored.anchor.id
+    staged = ev.LaneStaged(index.seq + 1, 1, True, slot, anchored.frontier, end, (), anchored.id)
+    index.apply(staged)
+    check_integrity(index)
+    pinned = [n.id for n in index.nodes.values() if n.active_refs]
+    assert index.lanes[1].path == index.path_to(anchored.anchor)
+    assert sorted(pinned) == list(range(1, blocks + 1))
+    assert all(index.nodes[i].lru_list is LruList.NONE for i in pinned)
 
 
 def test_a_restore_that_names_a_node_twice_is_rejected():

@@ -54,7 +54,7 @@ def test_out_of_sequence_events_are_rejected_and_change_nothing():
         (lambda i: ev.SnapshotDeleted(0, 999), "snapshot 999 does not exist"),
         (lambda i: ev.GdsfInflated(0, -1.0), "L would fall"),
         (
-            lambda i: ev.LaneStaged(0, lane=5, enabled=True, slot=2, base=64, path=(), private_pages=()),
+            lambda i: ev.LaneStaged(0, 5, True, 2, 64, path_end=None, private_pages=()),
             "needs 1 path blocks",
         ),
         (lambda i: ev.LanePagesGranted(0, 0, (0,)), "lane 0 is not staged"),
@@ -77,6 +77,6 @@ def test_inconsistent_events_are_rejected_and_change_nothing(make_event, fragmen
 def test_a_page_already_owned_cannot_be_granted_again():
     cache = checked_cache(geometry(num_pages=8))
     index = cache.index
-    index.apply(ev.LaneStaged(1, 0, True, 0, 0, (), (0, 1)))
+    index.apply(ev.LaneStaged(1, 0, True, 0, 0, None, (0, 1)))
     _assert_rejected(index, ev.LanePagesGranted(2, 0, (1, 2)), "page 1 is not free")
-    _assert_rejected(index, ev.LaneStaged(2, 1, True, 0, 0, (), (5,)), "slot 0 is not free")
+    _assert_rejected(index, ev.LaneStaged(2, 1, True, 0, 0, None, (5,)), "slot 0 is not free")
