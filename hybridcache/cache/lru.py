@@ -133,7 +133,7 @@ class DeviceLru:
         if deepest is None:
             return path
         left_backed = left_unbacked = 0
-        none, backed, unpin_dead = _NONE, _BACKED, dead.pop
+        none, backed, leave_dead = _NONE, _BACKED, dead.pop
         # Counts never fall going up a path: if its last node has a live snapshot below, every node has
         # one and none of them can be on the dead list.
         maybe_dead = deepest.live_snapshots_below == 0
@@ -156,7 +156,7 @@ class DeviceLru:
                     else:
                         left_unbacked += 1
                 if maybe_dead and node.live_snapshots_below == 0:
-                    unpin_dead(node.id, None)
+                    leave_dead(node.id, None)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
         counts = self._counts
         counts[_BACKED] -= left_backed
