@@ -36,6 +36,20 @@ than ten minutes decide it), so compare policies over several settings: against 
   leaves the snapshot device-only, and device slot pressure then deleted it (1.47x vs 1.31x on 20 files).
 - "Exclusive path" counts every node (one slab each, written through or about to be) from the anchor up
   while exactly one snapshot (retained or superseded) lies below it.
+- Why the middle snapshots of a lineage (prompt taps, superseded endpoints) stay valued as they are: while
+  one lies above a lineage's newest snapshot, the newest one's exclusive path is only its own blocks and
+  its density is high; when the last middle one goes, its revaluation (the whole conversation as its
+  path, L_s from its last use) lands far below L and it goes next. An idle conversation therefore lives
+  about as long as its longest-lived middle snapshot. Measured and rejected (same setting, today 1.219;
+  each lost the default run): middle TAP/ENDPOINT snapshots without hits at weight 0.25 1.32 (Boundaries
+  included 1.45) or 2.0 1.24; superseding the single-chain ancestors of the resumed snapshot as the
+  lineage moves on 1.31; sizing the newest snapshot by every block below its shared ancestor 1.26 (with
+  that supersession and SUPERSEDED_WEIGHT 0.25: 1.24, 7 users 1.29 but 9 users 1.51); never lowering
+  the newest snapshot's H on a structural revaluation 1.27; SUPERSEDED_WEIGHT 1.0 1.25; tempering
+  exponents 0.4 and 0.6 1.28 and 1.26; no prompt-tail tap after an endpoint resume 1.29 (the next
+  non-echoing turn loses it). What remains over the bound is capacity: about 5 M of the 8.4 M excess
+  tokens are conversations re-prefilled whole after their newest snapshot left the tier, and about
+  25 GiB of the 64 GiB tier holds host copies of blocks that are also device-resident.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """

@@ -1,6 +1,6 @@
 """One simulated request through the real cache, in the engine's order of calls (core/worker.py).
 
-``admit``: quote -> stage -> activate (-> restore_done at once: copies complete instantly), plan taps,
+``admit``: quote -> stage -> plan taps -> activate (-> restore_done at once: copies complete instantly),
 then prefill in chunks exactly as the worker cuts them (exact taps split a chunk, flexible taps land on
 chunk boundaries), taking taps, committing blocks and publishing ready taps after each pass; then the
 decode: growth pages and the commit of every generated block. ``finish``: the terminal settlement
@@ -100,15 +100,16 @@ class RequestDriver:
         except StaleQuote:
             self.free_lanes.append(lane)
             return Admitted(Admission.BLOCKED)
+        base = staged.reuse_tokens
+        taps = []
+        if self.policy is not Policy.ALIGN:  # planned before activation, as the worker does: the lane
+            # still names its source snapshot then (an endpoint resume skips the opener tap)
+            taps = self._plan_taps(lane, n, base, with_fork_hint(hints, quote.fork_tokens, base, n))
         cache.activate(lane)
         if staged.restore is not None:
             cache.restore_done(staged.restore.batch)
-        base = staged.reuse_tokens
         self._count_admission(material, quote.host_only_nodes, quote.tail_restore, staged)
         snapshots = [] if staged.snapshot is None else [staged.snapshot]
-        taps = []
-        if self.policy is not Policy.ALIGN:
-            taps = self._plan_taps(lane, n, base, with_fork_hint(hints, quote.fork_tokens, base, n))
         table_pages = len(staged.block_table)
         table_pages = self._prefill(lane, material, base, taps, table_pages, snapshots)
         committed = self._decode(lane, material, table_pages, snapshots)
