@@ -1,14 +1,18 @@
 """The journal part of `hybridcache bench persistence`: what `--event-log` costs the engine's decode.
 
 Two measurements. The direct one: decode tok/s with the event log over without, as the median of
-alternating on/off pairs of fresh engines on the micro checkpoint (with the lowest and highest pair, and
-the same ratio in tokens per CPU second). On a shared 2-core machine single pairs swing by tens of per
-cent either way (identical engines differ too), so the median is what to read, and many short pairs
-(25 x 120 tokens) hold it steadier than a few long ones: 0.99-1.02 over four runs here, where 9 x 300
-tokens swung 0.91-1.05. The explanatory one: the events the measured engines
-journaled per decode token, the process CPU one event costs to journal (queueing on the worker plus
-encoding, CRC and the write on the writer thread), and the overhead those two explain at the measured
-decode rate (`cpu_share`; the overhead it explains is 1 - cpu_share).
+alternating on/off pairs of requests on one engine of the micro checkpoint started with `--event-log`,
+whose cache facade journals through the log for the "on" request of a pair and through nothing for the
+"off" one (with the lowest and highest pair, and the same ratio in tokens per CPU second). On a shared
+2-core machine single requests swing by tens of per cent either way, so the median is what to read.
+The previous design (a pair of fresh engines per pair, one with the log) added engine-to-engine
+variation of up to ~10 %: its median of 25 pairs read 0.92-1.05 over seven runs on one day (two of them
+on the previous commit). This one still swings with the machine: six runs of 60 pairs read 0.95-1.04
+(mean 1.00) on one day, while the journal's own CPU explained 0.005 % of decode time; a single run
+resolves about +-4 %. The explanatory one: the events the measured engine journaled per decode token,
+the process CPU one event costs to journal (queueing on the worker plus encoding, CRC and the write on
+the writer thread), and the overhead those two explain at the measured decode rate (`cpu_share`; the
+overhead it explains is 1 - cpu_share).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-JOURNAL_PAIRS = 25
+JOURNAL_PAIRS = 60
 WARM_UP_TOKENS = 32
 COST_EVENTS = 20000
 
@@ -37,34 +41,32 @@ class JournalOverhead(NamedTuple):
 
 
 async def measure_journal(folder: Path, tokens: int, pairs: int = JOURNAL_PAIRS) -> JournalOverhead:
-    """Decode tok/s with an event log over without on the micro checkpoint, as the median of `pairs`
-    pair ratios. Each pair starts two fresh engines (one with `--event-log`; which one is built first
-    alternates), gives each an uncounted warm-up request, then times one request on each, back to back,
-    in alternating order (on/off, off/on, ...), so drift, other load and engine-to-engine variation
-    (identical engines differ by up to ~10 % here) spread over both sides."""
+    """Decode tok/s with the event log over without on the micro checkpoint, as the median of `pairs`
+    pair ratios. One engine starts with `--event-log` and answers an uncounted warm-up request; each pair
+    then times one request journaled through the log and one journaled nowhere (the facade's journal
+    detached), back to back, in alternating order (on/off, off/on, ...), so drift and other load spread
+    over both sides."""
     from hybridcache.tools.make_tiny_model import ensure_checkpoint
 
     model = ensure_checkpoint(folder / "micro", "micro")
+    engine = _engine(model, folder / "events.log")
+    await engine.start()
+    sink = engine.cache.journal
     ratios, cpu_ratios, plain_rates = [], [], []
-    for pair in range(pairs):
-        order = (True, False) if pair % 2 == 0 else (False, True)
-        engines = {
-            with_log: _engine(model, folder / f"events-{pair}.log" if with_log else None)
-            for with_log in order
-        }
-        for engine in engines.values():
-            await engine.start()
-        try:
-            for engine in engines.values():
-                await _decode_rate(model, engine, WARM_UP_TOKENS)
-            rates = {with_log: await _decode_rate(model, engines[with_log], tokens) for with_log in order}
-        finally:
-            for engine in engines.values():
-                await engine.stop()
-        ratios.append(rates[True].per_second / rates[False].per_second)
-        cpu_ratios.append(rates[True].per_cpu_second / rates[False].per_cpu_second)
-        plain_rates.append(rates[False].per_second)
-    events = _journaled_events(folder, pairs)
+    try:
+        await _decode_rate(model, engine, WARM_UP_TOKENS)
+        for pair in range(pairs):
+            rates = {}
+            for with_log in (True, False) if pair % 2 == 0 else (False, True):
+                engine.cache.journal = sink if with_log else None
+                rates[with_log] = await _decode_rate(model, engine, tokens)
+            ratios.append(rates[True].per_second / rates[False].per_second)
+            cpu_ratios.append(rates[True].per_cpu_second / rates[False].per_cpu_second)
+            plain_rates.append(rates[False].per_second)
+    finally:
+        engine.cache.journal = sink
+        await engine.stop()
+    events = _journaled_events(folder / "events.log")
     events_per_token = len(events) / (pairs * tokens)
     cpu_us = _journal_cpu_us_per_event(folder / "cost.log", events)
     share = events_per_token * cpu_us * 1e-6 * statistics.median(plain_rates)
@@ -80,16 +82,16 @@ async def measure_journal(folder: Path, tokens: int, pairs: int = JOURNAL_PAIRS)
     )
 
 
-def _journaled_events(folder: Path, pairs: int) -> list:
-    """Every event the measured engines journaled (their logs' payloads, decoded)."""
+def _journaled_events(log: Path) -> list:
+    """Every event the measured engine journaled (its log's payloads, decoded)."""
     from hybridcache.cache.events import decode_event
     from hybridcache.persistence.journal import JournalReader, journal_segments
 
-    events = []
-    for pair in range(pairs):
-        for segment in journal_segments(folder / f"events-{pair}.log"):
-            events.extend(decode_event(bytes(payload)) for payload in JournalReader(segment).payloads())
-    return events
+    return [
+        decode_event(bytes(payload))
+        for segment in journal_segments(log)
+        for payload in JournalReader(segment).payloads()
+    ]
 
 
 def _journal_cpu_us_per_event(path: Path, events: list) -> float:

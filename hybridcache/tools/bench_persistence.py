@@ -13,8 +13,9 @@ beside it for context.
 Prints name=value lines: save_gib_per_s, load_gib_per_s, disk_write_gib_per_s, disk_read_gib_per_s,
 disk_stream_read_gib_per_s, memory_first_touch_gib_per_s, save_vs_disk, load_vs_disk (targets >= 0.7),
 load_vs_disk_stream (context), and journal_overhead: decode tok/s of the engine with --event-log over
-without (target >= 0.98), the median over alternating on/off pairs on the micro model, with the lowest
-and highest pair, the CPU-time ratio and what the journal's own work explains (`bench_journal`).
+without (target >= 0.98), the median over alternating pairs of requests journaled on and off on one
+engine of the micro model, with the lowest and highest pair, the CPU-time ratio and what the journal's
+own work explains (`bench_journal`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
             results["journal_events_per_token"] = overhead.events_per_token
             results["journal_cpu_us_per_event"] = overhead.cpu_us_per_event
             results["journal_cpu_share"] = overhead.cpu_share
-            results["journal_overhead_method"] = f"median of {overhead.pairs} alternating on/off pairs"
+            method = f"median of {overhead.pairs} alternating on/off request pairs on one engine"
+            results["journal_overhead_method"] = method
     for name, value in results.items():
         print(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}")
     return 0
