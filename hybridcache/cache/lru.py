@@ -129,9 +129,9 @@ class DeviceLru:
         pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
         Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
         ``blocks - 1`` (None for an empty path)."""
-        path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
         if deepest is None:
-            return path
+            return []
+        path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
         left_backed = left_unbacked = 0
         none, backed, leave_dead = _NONE, _BACKED, dead.pop
         # Counts never fall going up a path: if its last node has a live snapshot below, every node has
