@@ -44,6 +44,13 @@ def test_defaults_without_a_host_tier_follow_the_spec():
     assert effective.cache.tap_min_gap_tokens == 1024
 
 
+def test_host_writes_default_to_write_back_and_through_can_be_chosen():
+    assert resolve().cache.host_write == "back"
+    assert resolve(CacheOptions(host_write="through")).cache.host_write == "through"
+    error = assert_rejected("--host-write", CacheOptions(host_write="sometimes"))  # type: ignore[arg-type]
+    assert "back or through" in error.message
+
+
 def test_large_chunks_widen_the_ladder():
     effective = resolve(prefill_chunk=4096)
     assert effective.cache.tap_ladder_tokens == 8192
@@ -95,6 +102,7 @@ def test_negative_or_out_of_range_values_are_rejected(flag, cache, engine):
         ("--cache-tap-min-gap", CacheOptions(prefix_reuse=False, tap_min_gap_tokens=1024)),
         ("--prefix-cache-file", CacheOptions(prefix_reuse=False, prefix_cache_file="x.cache")),
         ("--event-log", CacheOptions(prefix_reuse=False, event_log="x.log")),
+        ("--host-write", CacheOptions(prefix_reuse=False, host_write="through")),
     ],
 )
 def test_no_prefix_reuse_rejects_every_cache_option(flag, cache):

@@ -11,7 +11,7 @@ Request flow: ``quote`` -> ``stage`` -> ``activate`` -> (``commit_blocks`` / ``t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -21,6 +21,7 @@ from hybridcache.cache.device_eviction import plan_device_eviction
 from hybridcache.cache.facade_publish import PublicationCalls
 from hybridcache.cache.facade_results import (
     CommitResult,
+    HostWritePlan,
     NotReady,
     PageCopy,
     RestorePlan,
@@ -40,6 +41,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SnapshotId
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.match import PromptInput, Quote, Readiness, match, quote, source_options
 from hybridcache.cache.records import BlockNode, Lane, LaneId, LruList, Residency, Snapshot
+from hybridcache.cache.write_back import HostWrite
 
 PREFETCH_MAX_BLOCKS = 256  # one prefetch batch (§6.6: about 550 MB of 27B INT8 KV)
 
@@ -47,9 +49,16 @@ PREFETCH_MAX_BLOCKS = 256  # one prefetch batch (§6.6: about 550 MB of 27B INT8
 class CacheStats:
     """Counters for metrics (not logical state: not in the digest, not replayed)."""
 
-    __slots__ = ("endpoints_skipped", "evicted_device_events", "evicted_host_events", "taps_skipped_no_slot")
+    __slots__ = (
+        "endpoints_skipped",
+        "evicted_device_events",
+        "evicted_host_events",
+        "taps_skipped_no_slot",
+        "written_back_blocks",
+    )
 
     def __init__(self) -> None:
+        self.written_back_blocks = 0
         self.taps_skipped_no_slot = 0
         self.endpoints_skipped = 0
         self.evicted_device_events = 0
@@ -66,15 +75,27 @@ _SNAPSHOT_EVENTS = (
 
 
 class Cache(PublicationCalls):
-    """The facade. Not thread-safe: one worker owns it. Methods mutate the index through events."""
+    """The facade. Not thread-safe: one worker owns it. Methods mutate the index through events.
+
+    ``host_write`` picks when device-only blocks are written to the host (``cache/write_back.py``):
+    BACK when eviction would lose them, THROUGH when a lane releases them (spec §7.6). In BACK mode
+    ``host_copy`` is called with each write-back before its blocks' device pages are freed: it must copy
+    them at once (None: the copies are bookkeeping only, as in the simulator and the unit tests)."""
 
     def __init__(
-        self, geometry: CacheGeometry, cost: CacheCostModel | None = None, journal: list | None = None
+        self,
+        geometry: CacheGeometry,
+        cost: CacheCostModel | None = None,
+        journal: list | None = None,
+        host_write: HostWrite = HostWrite.BACK,
+        host_copy: Callable[[HostWritePlan], None] | None = None,
     ) -> None:
         self.index = PrefixIndex(geometry)
         self.cost = cost or CacheCostModel.default()
         self.journal = journal
         self.stats = CacheStats()
+        self.host_write = HostWrite(host_write)
+        self.host_copy = host_copy
 
     # ------------------------------------------------------------------ event plumbing
     def _apply(self, event: ev.CacheEvent) -> None:
@@ -116,8 +137,11 @@ class Cache(PublicationCalls):
         return event
 
     def _free_device_pages(self, count: int) -> bool:
-        """Evict from the device LRU until ``count`` pages are free. Mutates; False if impossible."""
+        """Evict from the device LRU until ``count`` pages are free; in BACK mode the reachable blocks
+        that would be lost are written to the host first. Mutates; False if impossible."""
         while self.index.num_free_pages < count:
+            if self.host_write is HostWrite.BACK:
+                self._write_back(count)
             events = plan_device_eviction(self.index, count)
             if not events:
                 return False
@@ -242,9 +266,10 @@ class Cache(PublicationCalls):
     ) -> RestorePlan | None:
         """§6.6: for a blocked FIFO head, copy up to ``max_blocks`` host-only path blocks of the source
         admission would choose into device pages: free ones (leaving ``keep_free``), then host-backed
-        cached pages, least recently used first, never one on the head's own path. One lane-less restore
-        batch: the blocks are Filling until ``restore_done``, then ordinary cached blocks at the MRU end.
-        Never drops a last copy. Mutates; None when there is nothing to copy or no room."""
+        cached pages (in BACK mode after writing back reachable unbacked ones), least recently used
+        first, never one on the head's own path. One lane-less restore batch: the blocks are Filling
+        until ``restore_done``, then ordinary cached blocks at the MRU end. Never drops a last copy.
+        Mutates; None when there is nothing to copy or no room."""
         index = self.index
         if not prompt.enabled:
             return None
@@ -255,6 +280,8 @@ class Cache(PublicationCalls):
             return None
         shortfall = len(wanted) - (index.num_free_pages - keep_free)
         if shortfall > 0:
+            if self.host_write is HostWrite.BACK:  # cached blocks make room only once on the host
+                self._write_back(len(wanted) + keep_free)
             self._drop_backed_copies(shortfall, protected={id(n) for n in found.path})
         room = max(0, index.num_free_pages - keep_free)
         nodes = wanted[:room]

@@ -1,4 +1,4 @@
-"""Cache facade, second half: taps (§7.4, §9.2), finish / cancel / release (§7.7) and write-through.
+"""Cache facade, second half: taps (§7.4, §9.2), finish / cancel / release (§7.7) and host writes.
 
 Mixed into ``Cache`` (facade.py); uses its event plumbing (``_apply``, ``_apply_valued``, ``_revalue``,
 ``_free_device_pages``, ``_free_host_slabs``). Every public call mutates the index through events.
@@ -24,6 +24,7 @@ from hybridcache.cache.host_eviction import estimate_new_priority, plan_superses
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
 from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
 from hybridcache.cache.slots import plan_snapshot_slot
+from hybridcache.cache.write_back import HostWrite, blocks_to_flush, plan_write_back
 
 if TYPE_CHECKING:
     from hybridcache.cache.facade import Cache
@@ -134,8 +135,9 @@ class PublicationCalls(_Base):
         extras: Sequence[int] | None = None,
     ) -> FinishResult:
         """Terminal settlement: commit, publish ready taps, take the endpoint snapshot (the lane's image
-        by role change, its partial last page as the tail), write the lane's device-only blocks and the
-        endpoint through, and release the lane. ``tokens``: every committed token. Mutates."""
+        by role change, its partial last page as the tail), write the endpoint (and, in THROUGH mode,
+        the lane's device-only blocks) to the host, and release the lane. ``tokens``: every committed
+        token. Mutates."""
         la = self.index.lanes.get(LaneId(lane))
         if la is None:
             raise KeyError(f"lane {lane} is not staged")
@@ -144,7 +146,7 @@ class PublicationCalls(_Base):
         taps = self.publish_ready_taps(lane, tokens) if la.enabled else PublishResult((), (), None)
         endpoint, skipped = self._publish_endpoint(la, tokens)
         snaps = [] if endpoint is None else [self.index.snapshots[endpoint]]
-        write = self._plan_write(la.path, snaps)
+        write = self._plan_write(self._written_through(la), snaps)
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(endpoint, skipped, taps, write)
 
@@ -156,10 +158,10 @@ class PublicationCalls(_Base):
         return self.release(lane)
 
     def release(self, lane: int) -> FinishResult:
-        """Release without an endpoint or tap publication; device-only path blocks are still written
-        through. Mutates."""
+        """Release without an endpoint or tap publication; in THROUGH mode device-only path blocks are
+        still written to the host. Mutates."""
         la = self.index.lanes[LaneId(lane)]
-        write = self._plan_write(la.path, [])
+        write = self._plan_write(self._written_through(la), [])
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(None, "released", PublishResult((), (), None), write)
 
@@ -203,7 +205,42 @@ class PublicationCalls(_Base):
         self._revalue([index.snapshots[SnapshotId(sid)]])
         return SnapshotId(sid), None
 
-    # ------------------------------------------------------------------ write-through
+    # ------------------------------------------------------------------ host writes
+    def _written_through(self, la: Lane) -> Sequence[BlockNode]:
+        return la.path if self.host_write is HostWrite.THROUGH else ()
+
+    def _write_back(self, pages_needed: int) -> None:
+        """BACK mode, before evicting toward ``pages_needed`` free pages: write the reachable unbacked
+        blocks eviction would lose (``write_back.plan_write_back``), copy them now through ``host_copy``
+        and land them, so eviction only drops host-backed copies. Mutates."""
+        plan = self._write_blocks(plan_write_back(self.index, pages_needed))
+        if plan is None:
+            return
+        if self.host_copy is not None:
+            self.host_copy(plan)
+        self.stats.written_back_blocks += len(plan.blocks)
+        self._apply(ev.HostWriteLanded(0, plan.batch))
+
+    def flush_to_host(self) -> HostWritePlan | None:
+        """Open one host write for every device-only block a live snapshot can reach, parents first, as
+        far as the host can make room (before saving the prefix-cache file). Mutates; None if none."""
+        return self._write_blocks(blocks_to_flush(self.index))
+
+    def _write_blocks(self, nodes: list[BlockNode]) -> HostWritePlan | None:
+        index = self.index
+        if not nodes or index.host is None:
+            return None
+        if not self._free_host_slabs(len(nodes)):
+            nodes = nodes[: index.host.num_free]  # as many as the tier can hold
+        # Making host room may have deleted a chosen node (a host-only ancestor was evicted) or written it.
+        absent, resident = Residency.ABSENT, Residency.RESIDENT
+        nodes = [
+            n
+            for n in nodes
+            if index.nodes.get(n.id) is n and n.host_state is absent and n.device_state is resident
+        ]
+        return self._open_write(nodes, [], [], len(nodes))
+
     def _plan_write(self, nodes: Sequence[BlockNode], snaps: Sequence[Snapshot]) -> HostWritePlan | None:
         """Open one write-through batch for device-only nodes, images and tails that fit. Mutates."""
         index = self.index

@@ -42,10 +42,11 @@ def host_tier_composition(index: PrefixIndex) -> dict[str, int]:
 
 
 def device_counts(index: PrefixIndex) -> dict[str, int]:
-    """Device LRU lengths and state-slot roles."""
+    """Device LRU lengths, host writes in flight and state-slot roles."""
     return {
         "lru_backed": index.lru.count(LruList.BACKED),
         "lru_unbacked": index.lru.count(LruList.UNBACKED),
+        "host_writes_in_flight": len(index.host_writes),
         "slots_snapshot": index.slots.count(SlotRole.SNAPSHOT),
         "slots_staging": index.slots.count(SlotRole.STAGING),
         "slots_active": index.slots.count(SlotRole.ACTIVE),

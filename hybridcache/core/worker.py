@@ -78,6 +78,7 @@ class Worker:
         self.runtime = engine.runtime
         self.options = engine.options
         self.compute = compute
+        self.cache.host_copy = self._write_now  # write-back on eviction copies through this worker
         self.queue: deque[Request] = deque()
         self.lanes: dict[int, LaneState] = {}
         self.free_lanes = list(range(self.options.max_concurrency - 1, -1, -1))
@@ -461,18 +462,33 @@ class Worker:
         for tap in result.published:
             if tap.tail_copy is not None:
                 self._copy_page_prefix(tap.tail_copy)
-        self._write_through(result.write)
+        self._write_to_host(result.write)
 
     def _copy_page_prefix(self, copy: PageCopy) -> None:
         with torch.inference_mode():
             for plane in self.runtime.kv.planes():
                 plane[copy.dst][: copy.tokens].copy_(plane[copy.src][: copy.tokens])
 
-    def _write_through(self, plan: HostWritePlan | None) -> None:
+    def _write_to_host(self, plan: HostWritePlan | None) -> None:
+        """Issue ``plan``'s copies on the transfer stream; the cache learns they landed when they have."""
         if plan is None:
             return
-        transfers = self.runtime.transfers
         stream = self.runtime.backend.transfer_stream
+        self._enqueue_write(stream, plan)
+        self._watch(stream.record_event(), lambda batch=plan.batch: self.cache.host_write_done(batch))
+
+    def _write_now(self, plan: HostWritePlan) -> None:
+        """The cache's ``host_copy``: a write-back on eviction, whose pages are reused as soon as the cache
+        returns. Copies and waits here (behind earlier writes on the transfer stream), so no device work
+        can touch the pages before their bytes are on the host; the cache then lands the batch itself.
+        Raises DeviceError when the copy fails (the engine-wide failure path)."""
+        stream = self.runtime.backend.transfer_stream
+        self._enqueue_write(stream, plan)
+        stream.record_event().wait_blocking()
+        self.counters.written_back_blocks += len(plan.blocks)
+
+    def _enqueue_write(self, stream, plan: HostWritePlan) -> None:
+        transfers = self.runtime.transfers
         pages = [(b.page, b.slab) for b in plan.blocks] + [(t.page, t.slab) for t in plan.tails]
         transfers.write_pages(stream, pages)
         for image in plan.images:
@@ -481,7 +497,6 @@ class Worker:
         self.counters.written_bytes += (
             len(pages) * geometry.slab_bytes + len(plan.images) * geometry.image_bytes
         )
-        self._watch(stream.record_event(), lambda batch=plan.batch: self.cache.host_write_done(batch))
 
     def _watch(self, event: DeviceEvent, on_done: Callable[[], None]) -> None:
         """Await `event` off the worker; apply `on_done` on the worker once it lands."""
@@ -530,7 +545,7 @@ class Worker:
         else:
             result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras)
         self._apply_publication(result.taps)
-        self._write_through(result.write)
+        self._write_to_host(result.write)
         del self.lanes[lane.lane_id]
         self.free_lanes.append(lane.lane_id)
         request.phase = Phase.DONE
@@ -584,6 +599,8 @@ class Worker:
                 request.fail(unavailable)
         for lane in list(self.lanes.values()):
             self._finish(lane, "cancelled", error=unavailable)
+        if self.engine.options.cache.prefix_cache_file is not None:  # the save reads host copies only
+            self._write_to_host(self.cache.flush_to_host())
 
     def _fail_everything(self, error: RequestError) -> None:
         self.stopping = True

@@ -15,6 +15,7 @@ class WorkerCounters:
         self.reused_tokens = {"device": 0, "host": 0}
         self.restored_bytes = 0
         self.written_bytes = 0
+        self.written_back_blocks = 0  # written to the host on eviction (write-back), a subset of the bytes
         self.prefill_tokens = 0
         self.output_tokens = 0
         self.requests_finished = 0
@@ -44,6 +45,7 @@ class WorkerCounters:
             "cached_tokens": dict(self.reused_tokens),
             "restored_host_bytes": self.restored_bytes,
             "written_host_bytes": self.written_bytes,
+            "written_back_blocks": self.written_back_blocks,
             "prefill_tokens": self.prefill_tokens,
             "output_tokens": self.output_tokens,
             "requests_finished": self.requests_finished,

@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cache.add_argument("--event-log", default=None, help="append every cache event to this journal")
     cache.add_argument(
+        "--host-write",
+        choices=("back", "through"),
+        default=None,
+        help="when device-only KV blocks are copied to the Host tier: back (when the device needs room; "
+        "default) or through (whenever a request releases them)",
+    )
+    cache.add_argument(
         "--device-snapshot-slots",
         type=int,
         default=None,
@@ -149,6 +156,7 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             tap_min_gap_tokens=args.cache_tap_min_gap,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
+            host_write=args.host_write,
         ),
     )
 

@@ -401,20 +401,20 @@ async def timed_request(engine: Engine, prompt: PreparedPrompt, max_tokens: int)
 
 async def _settled(engine: Engine, prompt: PreparedPrompt, max_tokens: int) -> Timed:
     timed = await timed_request(engine, prompt, max_tokens)
-    await wait_for_write_through(engine)
+    await wait_for_host_writes(engine)
     return timed
 
 
-async def wait_for_write_through(engine: Engine, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
-    """Poll `stats()` until no device-cached block waits for its host copy (the write-through landed).
-    Returns False (and says so) on timeout; reads only."""
+async def wait_for_host_writes(engine: Engine, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+    """Poll `stats()` until no request runs and no host write is in flight (the snapshot copies of the
+    last finish landed). Returns False (and says so) on timeout; reads only."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if stats.get("lru_unbacked", 0) == 0 and stats.get("requests_running", 0) == 0:
+        if stats.get("host_writes_in_flight", 0) == 0 and stats.get("requests_running", 0) == 0:
             return True
         await asyncio.sleep(0.01)
-    print("bench engine: warning: write-through did not settle", file=sys.stderr)
+    print("bench engine: warning: host writes did not settle", file=sys.stderr)
     return False
 
 

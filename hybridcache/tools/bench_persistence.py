@@ -109,7 +109,7 @@ def fill_host_tier(host_bytes: int):
         cache.activate(0)
         cache.commit_blocks(0, tokens, hashes)
         result = cache.finish(0, tokens, hashes)
-        for plan in (result.taps.write, result.write):
+        for plan in (result.taps.write, result.write, cache.flush_to_host()):  # blocks as a stop flushes
             if plan is not None:
                 cache.host_write_done(plan.batch)
     memory = HostSlabMemory(cache.index.host)

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hybridcache.cache.write_back import HostWrite
 from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.report import SweepPoint, plot_sweep, result_lines, sweep_table
 from hybridcache.tools.sim.runner import SimConfig, simulate
@@ -41,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request extending the previous one echoes its output (endpoint is a resume point)",
     )
     parser.add_argument(
+        "--host-write",
+        default=HostWrite.BACK.value,
+        choices=[w.value for w in HostWrite],
+        help="when device-only blocks get a host copy: back (when the device needs room) or through "
+        "(when a lane releases them, spec §7.6)",
+    )
+    parser.add_argument(
         "--sweep",
         default=None,
         metavar="MIB,MIB,...",
@@ -59,6 +67,7 @@ def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfi
         device_snapshot_slots=args.device_snapshot_slots,
         users=args.users,
         assume_echo=args.assume_echo,
+        host_write=HostWrite(args.host_write),
     )
 
 

@@ -18,6 +18,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness
 from hybridcache.cache.records import Residency
+from hybridcache.cache.write_back import HostWrite
 
 PAGE = 4096
 IMAGE = 3 * PAGE  # an image spans three slabs
@@ -39,10 +40,13 @@ def geometry(
 
 
 def checked_cache(
-    geo: CacheGeometry | None = None, journal: list | None = None, cost: CacheCostModel | None = None
+    geo: CacheGeometry | None = None,
+    journal: list | None = None,
+    cost: CacheCostModel | None = None,
+    host_write: HostWrite = HostWrite.BACK,
 ) -> Cache:
     """A Cache whose index checks its integrity after every applied event."""
-    cache = Cache(geo or geometry(), cost or CacheCostModel.default(), journal)
+    cache = Cache(geo or geometry(), cost or CacheCostModel.default(), journal, host_write)
     index = cache.index
     apply = index.apply
 
@@ -102,6 +106,16 @@ def run_request(
         for batch in writes:
             cache.host_write_done(batch)
     return quoted, staged, finished
+
+
+def flush_and_land(cache: Cache) -> int:
+    """The engine's orderly stop before a save: write every reachable device-only block to the host and
+    land the write. Returns the number of blocks written."""
+    plan = cache.flush_to_host()
+    if plan is None:
+        return 0
+    cache.host_write_done(plan.batch)
+    return len(plan.blocks)
 
 
 def assert_reuses(cache: Cache, toks: Sequence[int], expected_tokens: int) -> None:

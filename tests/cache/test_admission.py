@@ -6,6 +6,7 @@ from cache_factories import checked_cache, geometry, prompt, run_request, tokens
 from hybridcache.cache.events import DeviceCopiesDropped, SnapshotDeviceDropped
 from hybridcache.cache.facade_results import StaleQuote
 from hybridcache.cache.match import Readiness, SourceKind, match, source_options
+from hybridcache.cache.write_back import HostWrite
 
 
 def test_the_cheapest_source_is_the_deepest_snapshot_and_device_then_root_follow():
@@ -72,7 +73,7 @@ def test_a_quote_goes_stale_when_the_index_changes_before_staging():
 
 
 def test_candidates_with_a_filling_block_are_skipped():
-    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4))
+    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4), host_write=HostWrite.THROUGH)
     history = tokens(256, seed=1)
     _, _, first = run_request(cache, history, lane=0)
     index = cache.index

@@ -5,6 +5,7 @@ from cache_factories import checked_cache, geometry, insert_path, prompt, tokens
 from hybridcache.cache.device_eviction import plan_device_eviction
 from hybridcache.cache.events import DeviceCopiesDropped, SubtreeDeleted
 from hybridcache.cache.records import LruList
+from hybridcache.cache.write_back import HostWrite
 
 
 def lru_depths(cache, which: LruList) -> list[int]:
@@ -32,7 +33,7 @@ def test_a_hit_moves_the_whole_path_to_the_mru_end():
 
 
 def test_host_backed_entries_are_consumed_before_unbacked_ones():
-    cache = checked_cache(geometry(num_pages=16))
+    cache = checked_cache(geometry(num_pages=16), host_write=HostWrite.THROUGH)
     backed_tokens, unbacked_tokens = tokens(4 * 64, seed=1), tokens(4 * 64, seed=2)
     insert_path(cache, backed_tokens, lane=0)  # written through and landed
     insert_path(cache, unbacked_tokens, lane=1, write=False)  # as if the host were full

@@ -14,6 +14,7 @@ from hybridcache.cache.events import DeviceCopiesDropped, SnapshotDeviceDropped
 from hybridcache.cache.facade_results import StateSourceKind
 from hybridcache.cache.match import SourceKind
 from hybridcache.cache.records import LruList
+from hybridcache.cache.write_back import HostWrite
 
 
 def test_disabled_requests_leave_no_nodes_or_snapshots():
@@ -46,7 +47,7 @@ def test_multi_turn_resume_uses_the_exact_endpoint_and_copies_its_tail():
 
 
 def test_a_host_only_snapshot_restores_blocks_tail_and_image_in_forward_order():
-    cache = checked_cache(geometry(snapshot_slots=4))
+    cache = checked_cache(geometry(snapshot_slots=4), host_write=HostWrite.THROUGH)
     turn = tokens(300)
     _, _, first = run_request(cache, turn)
     index = cache.index

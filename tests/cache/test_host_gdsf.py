@@ -19,6 +19,7 @@ from cache_factories import (
 from hybridcache.cache.events import GdsfInflated, NodeHostDropped, SnapshotDeleted, SnapshotDeviceDropped
 from hybridcache.cache.host_eviction import SUPERSEDED_WEIGHT, plan_host_room, tempered_density
 from hybridcache.cache.index import PrefixIndex
+from hybridcache.cache.write_back import HostWrite
 
 RESTORE = IMAGE / 1e15  # restore_seconds(image) under linear_cost()
 
@@ -29,7 +30,10 @@ def h(density: float, weight: float = 1.0) -> float:
 
 
 def gdsf_cache(host_slabs: int = 200):
-    return checked_cache(geometry(host_slabs=host_slabs, snapshot_slots=4), cost=linear_cost())
+    """Write-through, so that every block lands on the host at release (the host policy is under test)."""
+    return checked_cache(
+        geometry(host_slabs=host_slabs, snapshot_slots=4), cost=linear_cost(), host_write=HostWrite.THROUGH
+    )
 
 
 def h_of(cache, snapshot_id) -> float:

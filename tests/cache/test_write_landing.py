@@ -7,6 +7,7 @@ from cache_factories import checked_cache, geometry, prompt, run_request, tokens
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.records import LruList
+from hybridcache.cache.write_back import HostWrite
 
 
 def backed_ids(cache) -> list[int]:
@@ -22,7 +23,7 @@ def stage_and_commit(cache, toks, lane: int = 0, enabled: bool = False) -> None:
 
 def test_a_landed_write_lists_its_blocks_in_batch_order_and_marks_them_dead_without_snapshots():
     journal: list = []
-    cache = checked_cache(geometry(), journal)
+    cache = checked_cache(geometry(), journal, host_write=HostWrite.THROUGH)
     stage_and_commit(cache, tokens(4 * 64))
     written = cache.release(0).write
     assert written is not None
@@ -36,7 +37,7 @@ def test_a_landed_write_lists_its_blocks_in_batch_order_and_marks_them_dead_with
 
 
 def test_blocks_with_a_snapshot_below_land_live_and_a_holding_lane_keeps_them_off_the_lists():
-    cache = checked_cache(geometry())
+    cache = checked_cache(geometry(), host_write=HostWrite.THROUGH)
     toks = tokens(3 * 64 + 10)
     _, _, finished = run_request(cache, toks, land=False)  # the endpoint snapshot lies below every block
     assert finished.write is not None

@@ -281,13 +281,18 @@ async def test_a_failed_host_allocation_is_a_clear_startup_error(micro_checkpoin
 
 
 async def test_stats_report_the_host_tier_composition(micro_checkpoint: Path, frontend: Frontend):
-    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    engine = await start_engine(micro_checkpoint, pages=16, host_cache_mib=64)
     try:
         await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=160)), 100)
-        await asyncio.sleep(0.1)  # write-through lands
-        await generate(engine, frontend.prepare_tokens(filler_tokens(10, seed=161)), 1)  # applies completions
-        host = engine.stats()["host_tier_bytes"]
+        await asyncio.sleep(0.1)  # the endpoint's image and tail land on the host
+        assert engine.stats()["host_tier_bytes"]["kv"] == 0  # its blocks are still only on the device
+        # A second long prompt needs most of the 16 pages: eviction writes the first path back first.
+        await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=161)), 1)
+        stats = engine.stats()
+        host = stats["host_tier_bytes"]
+        assert stats["written_back_blocks"] > 0
         assert host["kv"] > 0 and host["images"] > 0 and host["tails"] > 0
         assert host["kv"] == host["kv_live"] + host["kv_dead"]
+        assert host["kv_live"] == stats["written_back_blocks"] * engine.runtime.geometry.slab_bytes
     finally:
         await engine.stop()

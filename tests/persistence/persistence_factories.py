@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from cache_factories import checked_cache, geometry, run_request, tokens
+from cache_factories import checked_cache, flush_and_land, geometry, run_request, tokens
 
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.index import PrefixIndex
@@ -58,7 +58,8 @@ class State(NamedTuple):
 
 def conversation_state(seed: int = 0, turns: int = 3, conversations: int = 3, host_slabs: int = 256) -> State:
     """Several conversations sharing a system prompt, each continued for ``turns`` turns with taps,
-    every host write landed and every owned slab filled with seeded bytes."""
+    every host write landed, then the engine's stop-time flush of reachable device-only blocks (what a
+    save follows), and every owned slab filled with seeded bytes."""
     rng = random.Random(seed)
     cache = checked_cache(geometry(num_pages=96, host_slabs=host_slabs, concurrency=2, snapshot_slots=3))
     memory = HostSlabMemory(cache.index.host)  # type: ignore[arg-type]
@@ -70,6 +71,7 @@ def conversation_state(seed: int = 0, turns: int = 3, conversations: int = 3, ho
             run_request(cache, history, generated=reply, taps=[128] if len(history) > 140 else [])
             history = history + reply + tokens(rng.randrange(5, 70), seed=7 * turn + conversation + 3)
         next_prompts.append(history)
+    flush_and_land(cache)
     fill_slabs(cache, memory, seed)
     return State(cache, memory, next_prompts)
 

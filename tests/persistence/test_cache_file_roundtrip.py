@@ -6,7 +6,15 @@ import stat
 from pathlib import Path
 
 import msgspec
-from cache_factories import assert_reuses, checked_cache, geometry, insert_path, prompt, run_request, tokens
+from cache_factories import (
+    assert_reuses,
+    checked_cache,
+    flush_and_land,
+    geometry,
+    prompt,
+    run_request,
+    tokens,
+)
 from persistence_factories import (
     assert_host_only_and_intact,
     conversation_state,
@@ -66,8 +74,10 @@ def test_the_file_is_private_and_replaces_the_previous_one(tmp_path: Path):
 def test_superseded_snapshots_dead_kv_and_device_only_content_are_not_saved(tmp_path: Path):
     state = conversation_state(seed=4)
     cache = state.cache
-    insert_path(cache, tokens(200, seed=77))  # host-resident blocks with no snapshot: dead KV
-    run_request(cache, tokens(300, seed=78), lane=1, land=False)  # written-through copies in flight
+    _, _, gone = run_request(cache, tokens(200, seed=77))
+    flush_and_land(cache)
+    cache._apply(ev.SnapshotDeleted(0, gone.endpoint))  # its host-resident path is left as dead KV
+    run_request(cache, tokens(300, seed=78), lane=1, land=False)  # the endpoint's copies in flight
     index = cache.index
     superseded = [s for s in index.snapshots.values() if s.superseded]
     filling = [s for s in index.snapshots.values() if s.host_state != Residency.RESIDENT]

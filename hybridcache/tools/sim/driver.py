@@ -4,9 +4,9 @@
 then prefill in chunks exactly as the worker cuts them (exact taps split a chunk, flexible taps land on
 chunk boundaries), taking taps, committing blocks and publishing ready taps after each pass; then the
 decode: growth pages and the commit of every generated block. ``finish``: the terminal settlement
-(``Cache.finish``: endpoint, write-through), or for the ``align`` policy one aligned tap and a release.
-Every write-through batch lands at once (``host_write_done``). The "model" is the cost model: it gives
-each request a duration, nothing else.
+(``Cache.finish``: endpoint, host writes), or for the ``align`` policy one aligned tap and a release.
+Every host write lands at once (``host_write_done``; a write-back on eviction lands inside the cache).
+The "model" is the cost model: it gives each request a duration, nothing else.
 """
 
 from __future__ import annotations

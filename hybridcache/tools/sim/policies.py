@@ -28,6 +28,7 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
 from hybridcache.cache.records import BlockNode, Residency, Snapshot
+from hybridcache.cache.write_back import HostWrite
 
 
 class Policy(StrEnum):
@@ -37,12 +38,16 @@ class Policy(StrEnum):
 
 
 def make_cache(
-    policy: Policy, geometry: CacheGeometry, cost: CacheCostModel, journal: list | None = None
+    policy: Policy,
+    geometry: CacheGeometry,
+    cost: CacheCostModel,
+    journal: list | None = None,
+    host_write: HostWrite = HostWrite.BACK,
 ) -> Cache:
-    """A fresh cache for ``policy`` (``journal``: anything with ``append(event)``). Pure constructor."""
-    if policy is Policy.LRU:
-        return LruCache(geometry, cost, journal)
-    return Cache(geometry, cost, journal)
+    """A fresh cache for ``policy`` (``journal``: anything with ``append(event)``); every policy uses the
+    same host write mode (``cache/write_back.py``). Pure constructor."""
+    cls = LruCache if policy is Policy.LRU else Cache
+    return cls(geometry, cost, journal, host_write)
 
 
 def touch(cache: Cache, path: Sequence[BlockNode], snapshots: Iterable[SnapshotId]) -> None:
@@ -55,9 +60,13 @@ class LruCache(Cache):
     """The facade with plain-LRU policy hooks (see the module docstring). Not thread-safe."""
 
     def __init__(
-        self, geometry: CacheGeometry, cost: CacheCostModel | None = None, journal: list | None = None
+        self,
+        geometry: CacheGeometry,
+        cost: CacheCostModel | None = None,
+        journal: list | None = None,
+        host_write: HostWrite = HostWrite.BACK,
     ) -> None:
-        super().__init__(geometry, cost, journal)
+        super().__init__(geometry, cost, journal, host_write)
         self._node_order: OrderedDict[NodeId, None] = OrderedDict()
         self._snapshot_order: OrderedDict[SnapshotId, int] = OrderedDict()
         self._node_tick: dict[NodeId, int] = {}

@@ -20,6 +20,7 @@ import msgspec
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
+from hybridcache.cache.write_back import HostWrite
 from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
@@ -40,6 +41,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     device_snapshot_slots: int | None = None  # None: the spec default C + 1 (C + 2 without a host tier)
     users: int = 8
     assume_echo: bool = True
+    host_write: HostWrite = HostWrite.BACK
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -88,7 +90,13 @@ class Simulation:
         geometry = config.shape.geometry(
             config.device_pages, config.host_cache_mib, config.max_concurrency, config.snapshot_slots()
         )
-        cache = make_cache(config.policy, geometry, config.shape.cost, EvictionTally(self.counters))
+        cache = make_cache(
+            config.policy,
+            geometry,
+            config.shape.cost,
+            EvictionTally(self.counters),
+            config.host_write,
+        )
         options = derive_tap_options(config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier)
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
