@@ -142,6 +142,8 @@ class Cache(PublicationCalls):
         while self.index.num_free_pages < count:
             if self.host_write is HostWrite.BACK:
                 self._write_back(count)
+                if self.index.num_free_pages >= count:  # unreachable subtrees deleted were enough
+                    break
             events = plan_device_eviction(self.index, count)
             if not events:
                 return False
@@ -168,7 +170,7 @@ class Cache(PublicationCalls):
         """Pin the quoted path, evict for pages, reserve the slot and pages, open the restore batch.
 
         Mutates. Raises StaleQuote when the index changed since ``quoted``; NotReady when the quote is
-        not Ready or ``lane`` is already in use.
+        not Ready or ``lane`` is already in use; whatever ``host_copy`` raises (the lane released).
         """
         index = self.index
         if quoted.cache_epoch != index.cache_epoch:
@@ -194,7 +196,12 @@ class Cache(PublicationCalls):
             )
         )
         restore_pages = len(quoted.host_only_nodes) + quoted.tail_restore
-        if not self._free_device_pages(restore_pages + quoted.private_pages):
+        try:
+            freed = self._free_device_pages(restore_pages + quoted.private_pages)
+        except BaseException:  # a write-back copy failed (host_copy raised): the lane is not left staged
+            self._apply(ev.LaneReleased(0, lane))
+            raise
+        if not freed:
             self._apply(ev.LaneReleased(0, lane))
             raise StaleQuote("the pages the quote counted are no longer available")
         pages = index.pages.peek_free(restore_pages + quoted.private_pages)

@@ -210,10 +210,16 @@ class PublicationCalls(_Base):
         return la.path if self.host_write is HostWrite.THROUGH else ()
 
     def _write_back(self, pages_needed: int) -> None:
-        """BACK mode, before evicting toward ``pages_needed`` free pages: write the reachable unbacked
-        blocks eviction would lose (``write_back.plan_write_back``), copy them now through ``host_copy``
-        and land them, so eviction only drops host-backed copies. Mutates."""
-        plan = self._write_blocks(plan_write_back(self.index, pages_needed))
+        """BACK mode, before evicting toward ``pages_needed`` free pages (``write_back.plan_write_back``):
+        delete the unreachable unbacked subtrees among the coldest entries, and write the reachable ones
+        to the host, copied now through ``host_copy`` and landed, so eviction drops host-backed copies
+        and loses nothing a snapshot can reach. Mutates."""
+        chosen = plan_write_back(self.index, pages_needed)
+        for node in chosen.delete:
+            if self.index.nodes.get(node.id) is node:  # not inside an earlier deleted subtree
+                self.stats.evicted_device_events += 1
+                self._apply_valued([ev.SubtreeDeleted(0, node.id)])
+        plan = self._write_blocks(chosen.write)
         if plan is None:
             return
         if self.host_copy is not None:

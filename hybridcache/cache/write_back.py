@@ -23,8 +23,9 @@ what write-through would have saved.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from hybridcache.cache.device_eviction import subtree_removable
 from hybridcache.cache.records import BlockNode, LruList, Residency
 
 if TYPE_CHECKING:
@@ -36,21 +37,35 @@ class HostWrite(StrEnum):
     THROUGH = "through"
 
 
-def plan_write_back(index: PrefixIndex, pages_needed: int) -> list[BlockNode]:
-    """Unbacked cached blocks to write so that free plus host-backed device pages reach
-    ``pages_needed``: reachable ones (a live snapshot below), least recently used first. Pure; [] without
-    a host tier or when nothing is short."""
+class WriteBackPlan(NamedTuple):
+    """What freeing device pages does in BACK mode before the ordinary eviction (``plan_write_back``)."""
+
+    write: list[BlockNode]  # reachable: written to the host, then dropped as host-backed entries
+    delete: list[BlockNode]  # unreachable subtrees: deleted without a copy (§9.4)
+
+
+def plan_write_back(index: PrefixIndex, pages_needed: int) -> WriteBackPlan:
+    """For ``pages_needed`` free pages when free plus host-backed pages fall short: the shortfall's worth
+    of the least recently used unbacked blocks, each written back when a live snapshot can reach it, or
+    deleted with its (equally unreachable) subtree when none can. Pure; nothing without a host tier or
+    when nothing is short."""
     shortfall = pages_needed - index.num_free_pages - index.lru.count(LruList.BACKED)
-    chosen: list[BlockNode] = []
+    plan = WriteBackPlan([], [])
     if index.host is None or shortfall <= 0:
-        return chosen
+        return plan
     absent = Residency.ABSENT
+    write, delete = plan
     for entry in index.lru.iter_lru_first(LruList.UNBACKED):
-        if isinstance(entry, BlockNode) and entry.live_snapshots_below > 0 and entry.host_state is absent:
-            chosen.append(entry)
-            if len(chosen) == shortfall:
-                break
-    return chosen
+        if not isinstance(entry, BlockNode):
+            continue
+        if entry.live_snapshots_below > 0:
+            if entry.host_state is absent:
+                write.append(entry)
+        elif subtree_removable(entry):
+            delete.append(entry)
+        if len(write) + len(delete) >= shortfall:
+            break
+    return plan
 
 
 def blocks_to_flush(index: PrefixIndex) -> list[BlockNode]:

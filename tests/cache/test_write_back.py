@@ -6,6 +6,7 @@ unreachable blocks are evicted without a copy. Release writes snapshot images an
 stop-time flush writes every reachable device-only block, parents first.
 """
 
+import pytest
 from cache_factories import checked_cache, flush_and_land, geometry, insert_path, prompt, run_request, tokens
 
 from hybridcache.cache import events as ev
@@ -69,14 +70,19 @@ def test_eviction_writes_the_reachable_path_back_before_dropping_it_and_it_resto
 
 def test_unreachable_blocks_are_evicted_without_a_host_copy():
     journal: list = []
-    cache = checked_cache(geometry(num_pages=12), journal)
+    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4), journal)
     insert_path(cache, tokens(6 * 64, seed=3), lane=0)  # no snapshot below: nothing could resume there
+    _, _, kept = run_request(cache, tokens(4 * 64 + 10, seed=1), output_tokens=0)
+    dead = {n.id for n in cache.index.nodes.values() if n.parent is not None and not n.live_snapshots_below}
+    assert len(dead) == 6
     start = len(journal)
-    run_request(cache, tokens(10 * 64, seed=4), lane=1, output_tokens=0)
+    run_request(cache, tokens(8 * 64, seed=4), lane=1, output_tokens=0)  # 8 pages: 5 free, 3 evicted
     events = journal[start:]
-    assert any(isinstance(e, ev.SubtreeDeleted) for e in events)
+    deleted = [e.node for e in events if isinstance(e, ev.SubtreeDeleted)]
+    assert deleted and set(deleted) <= dead  # the two coldest, then the endpoint tail's host-backed copy
     assert not any(isinstance(e, ev.HostWriteOpened) and e.nodes for e in events)
     assert host_resident_blocks(cache) == set() and cache.stats.written_back_blocks == 0
+    assert cache.quote(prompt(tokens(4 * 64 + 10, seed=1) + [3])).snapshot == kept.endpoint
 
 
 def test_host_copy_sees_each_write_back_while_its_pages_still_hold_the_blocks():
@@ -107,8 +113,9 @@ def test_the_least_recently_used_reachable_blocks_are_written_first_deepest_firs
     wanted = index.num_free_pages + index.lru.count(LruList.BACKED) + 3  # 3 short of free + host-backed
     chosen = plan_write_back(index, wanted)
     old_path = path_ids(cache, old.endpoint)
-    assert [n.id for n in chosen] == old_path[::-1][:3]  # the older path, its deepest block first
-    assert not set(path_ids(cache, new.endpoint)) & {n.id for n in chosen}
+    assert chosen.delete == []
+    assert [n.id for n in chosen.write] == old_path[::-1][:3]  # the older path, its deepest block first
+    assert not set(path_ids(cache, new.endpoint)) & {n.id for n in chosen.write}
 
 
 def test_the_stop_flush_writes_every_reachable_device_only_block_parents_first():
@@ -125,3 +132,19 @@ def test_the_stop_flush_writes_every_reachable_device_only_block_parents_first()
     depths = [cache.index.nodes[n].depth for n in opened.nodes]
     assert depths == sorted(depths)  # parents before children
     assert cache.flush_to_host() is None  # nothing left to write
+
+
+def test_a_failed_copy_leaves_no_lane_staged_and_the_write_in_flight():
+    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4))
+    run_request(cache, tokens(4 * 64 + 10, seed=1), output_tokens=0)
+
+    def broken(plan):
+        raise OSError("copy failed")
+
+    cache.host_copy = broken
+    quoted = cache.quote(prompt(tokens(14 * 64, seed=2), 0))
+    with pytest.raises(OSError, match="copy failed"):
+        cache.stage(quoted, 1)
+    assert not cache.index.lanes and cache.stats.written_back_blocks == 0
+    (batch,) = cache.index.host_writes.values()  # opened, never landed: its blocks stay on the device
+    assert batch.nodes and all(n.device_state == Residency.RESIDENT for n in batch.nodes)

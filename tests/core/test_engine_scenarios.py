@@ -178,6 +178,31 @@ async def test_a_transfer_fault_fails_the_engine_cleanly(micro_checkpoint: Path,
         await fresh.stop()
 
 
+async def test_a_fault_in_a_write_back_fails_the_engine_cleanly(micro_checkpoint: Path, frontend: Frontend):
+    engine = await start_engine(micro_checkpoint, pages=16, host_cache_mib=64)
+    stream = engine.runtime.backend.transfer_stream
+    try:
+        await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=112)), 100)
+        await asyncio.sleep(0.1)  # the endpoint's copies land before the fault is injected
+
+        def broken_copy(*args, **kwargs):
+            def fail() -> None:
+                raise OSError("injected write-back fault")
+
+            stream.enqueue(fail)
+
+        stream.copy_2d = broken_copy
+        # The second prompt needs pages the first path holds: eviction writes it back first, and fails.
+        with pytest.raises(RequestError) as failed:
+            await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=113)), 2)
+        assert failed.value.kind == "internal" and "injected write-back fault" in failed.value.message
+        assert engine.stats()["written_back_blocks"] == 0
+        assert not engine.cache.index.lanes
+        engine.check_integrity()
+    finally:
+        await engine.stop()
+
+
 async def test_a_request_waiting_too_long_times_out(micro_checkpoint: Path, frontend: Frontend):
     engine = await start_engine(micro_checkpoint, lanes=1, host_cache_mib=64)
     engine.options = (
