@@ -82,7 +82,7 @@ def test_unreachable_blocks_are_evicted_without_a_host_copy():
     assert deleted and set(deleted) <= dead  # the two coldest, then the endpoint tail's host-backed copy
     assert not any(isinstance(e, ev.HostWriteOpened) and e.nodes for e in events)
     assert host_resident_blocks(cache) == set() and cache.stats.written_back_blocks == 0
-    assert cache.quote(prompt(tokens(4 * 64 + 10, seed=1) + [3])).snapshot == kept.endpoint
+    assert cache.quote(prompt([*tokens(4 * 64 + 10, seed=1), 3])).snapshot == kept.endpoint
 
 
 def test_host_copy_sees_each_write_back_while_its_pages_still_hold_the_blocks():
