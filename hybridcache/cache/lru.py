@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 _NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
 _RESIDENT = Residency.RESIDENT
+_NO_RUN = LruLinks()  # ``pin_chain``'s open run when there is none: no entry's link ever points at it
 
 
 class _Sentinel(LruLinks):
@@ -128,40 +129,62 @@ class DeviceLru:
         Walking up from ``deepest``: active_refs + 1 and last access = ``tick`` on every node; a node
         pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
         Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
-        ``blocks - 1`` (None for an empty path)."""
+        ``blocks - 1`` (None for an empty path).
+
+        A released path joined its list deepest block first, so going up the path usually meets each
+        node's list successor next. The walk leaves such a run of consecutive entries linked while it
+        grows and cuts it out with one splice when the run ends (``_cut_run``)."""
         if deepest is None:
             return []
         path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
-        left_backed = left_unbacked = 0
-        none, backed, leave_dead = _NONE, _BACKED, dead.pop
+        none, no_run, leave_dead, cut = _NONE, _NO_RUN, dead.pop, self._cut_run
+        # The open run: nodes unlinked from blocks ``run_start`` down to ``run_last`` (the last one met),
+        # still linked among themselves and to their old neighbours; none is open while run_last is no_run.
+        run_first = run_last = no_run
+        run_list, run_start = none, 0
         # Counts never fall going up a path: if its last node has a live snapshot below, every node has
         # one and none of them can be on the dead list.
         maybe_dead = deepest.live_snapshots_below == 0
         node = deepest
         for block in range(blocks - 1, -1, -1):
             path[block] = node
-            refs = node.active_refs = node.active_refs + 1
             node.last_access_tick = tick
-            if refs == 1:
-                which = node.lru_list
-                if which is not none:
-                    prev = node.lru_prev
-                    nxt = node.lru_next
-                    prev.lru_next = nxt  # type: ignore[union-attr]
-                    nxt.lru_prev = prev  # type: ignore[union-attr]
-                    node.lru_prev = node.lru_next = None
-                    node.lru_list = none
-                    if which is backed:
-                        left_backed += 1
-                    else:
-                        left_unbacked += 1
-                if maybe_dead and node.live_snapshots_below == 0:
-                    leave_dead(node.id, None)
+            if node.active_refs:  # pinned already: on no list and not dead
+                node.active_refs += 1
+                if run_last is not no_run:
+                    cut(run_first, run_last, run_list, run_start - block)
+                    run_last = no_run
+                node = node.parent  # type: ignore[assignment]
+                continue
+            node.active_refs = 1
+            which = node.lru_list
+            if which is not none:
+                if node.lru_prev is not run_last:  # not the open run's successor: it starts a new run
+                    if run_last is not no_run:
+                        cut(run_first, run_last, run_list, run_start - block)
+                    run_first, run_list, run_start = node, which, block
+                run_last = node
+                node.lru_list = none
+            elif run_last is not no_run:
+                cut(run_first, run_last, run_list, run_start - block)
+                run_last = no_run
+            if maybe_dead and node.live_snapshots_below == 0:
+                leave_dead(node.id, None)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
-        counts = self._counts
-        counts[_BACKED] -= left_backed
-        counts[_UNBACKED] -= left_unbacked
+        if run_last is not no_run:
+            cut(run_first, run_last, run_list, run_start + 1)
         return path
+
+    def _cut_run(self, first: LruLinks, last: LruLinks, which: LruList, length: int) -> None:
+        """Splice out the ``length`` entries of ``which`` from ``first`` to ``last`` (consecutive, their
+        ``lru_list`` already NONE). Their outer links are cleared; the inner ones, among the run's own
+        entries, stay stale until each joins a list again (links are read only for listed entries).
+        Mutates."""
+        before, after = first.lru_prev, last.lru_next
+        before.lru_next = after  # type: ignore[union-attr]
+        after.lru_prev = before  # type: ignore[union-attr]
+        first.lru_prev = last.lru_next = None
+        self._counts[which] -= length
 
     def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
         """A lane releases ``path`` (a chain from block 0): active_refs - 1 on every node, deepest first. A
@@ -170,35 +193,36 @@ class DeviceLru:
         and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
         backed, unbacked = self._backed, self._unbacked
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
-        joined_backed = joined_unbacked = 0
+        joined_unbacked = stay_off = 0  # the host-backed list gains the rest of the path
         resident, backed_list, unbacked_list = _RESIDENT, _BACKED, _UNBACKED
         maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_chain``
         for node in reversed(path):
-            refs = node.active_refs = node.active_refs - 1
-            if refs or node.restore_pins:
+            if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
+                node.active_refs -= 1
+                stay_off += 1
                 continue
-            host_resident = node.host_state is resident
-            if node.device_state is resident:
-                if host_resident:
-                    node.lru_prev = last_backed
-                    last_backed.lru_next = node  # type: ignore[union-attr]
-                    node.lru_list = backed_list
-                    last_backed = node
-                    joined_backed += 1
-                else:
-                    node.lru_prev = last_unbacked
-                    last_unbacked.lru_next = node  # type: ignore[union-attr]
-                    node.lru_list = unbacked_list
-                    last_unbacked = node
-                    joined_unbacked += 1
-            if maybe_dead and host_resident and node.live_snapshots_below == 0:
+            node.active_refs = 0
+            if node.device_state is not resident:
+                stay_off += 1
+            elif node.host_state is resident:
+                node.lru_prev = last_backed
+                last_backed.lru_next = node  # type: ignore[union-attr]
+                node.lru_list = backed_list
+                last_backed = node
+            else:
+                node.lru_prev = last_unbacked
+                last_unbacked.lru_next = node  # type: ignore[union-attr]
+                node.lru_list = unbacked_list
+                last_unbacked = node
+                joined_unbacked += 1
+            if maybe_dead and node.host_state is resident and node.live_snapshots_below == 0:
                 dead[node.id] = node
         last_backed.lru_next = backed  # type: ignore[union-attr]
         backed.lru_prev = last_backed
         last_unbacked.lru_next = unbacked  # type: ignore[union-attr]
         unbacked.lru_prev = last_unbacked
         counts = self._counts
-        counts[_BACKED] += joined_backed
+        counts[_BACKED] += len(path) - stay_off - joined_unbacked
         counts[_UNBACKED] += joined_unbacked
 
     def iter_lru_first(self, which: LruList) -> Iterator[LruLinks]:

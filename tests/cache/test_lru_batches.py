@@ -1,12 +1,13 @@
 """Device LRU batch forms (§9.1): ``extend_mru`` and ``remove_all`` leave the lists exactly as the
-single-entry ``push_mru`` / ``remove`` calls they stand for, in the same order, with the same counts."""
+single-entry ``push_mru`` / ``remove`` calls they stand for, in the same order, with the same counts; so
+does ``pin_chain``, which cuts runs of consecutive entries out at once, whatever order the path is in."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cache.lru import DeviceLru
-from hybridcache.cache.records import LruLinks, LruList
+from hybridcache.cache.records import BlockNode, LruLinks, LruList
 
 
 class Entry(LruLinks):
@@ -85,3 +86,51 @@ def test_removed_entries_are_unlinked_and_can_join_again():
 def test_extending_a_list_that_is_not_a_device_list_raises():
     with pytest.raises(ValueError, match="not a device LRU list"):
         DeviceLru().extend_mru([Entry(1)], LruList.NONE)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_pin_chain_unlinks_exactly_the_path_whatever_order_the_lists_hold_it_in(data):
+    size = data.draw(st.integers(1, 9), label="blocks")
+    root = BlockNode(0, None, 0, (), 0)
+    path: list[BlockNode] = []
+    for block in range(size):
+        path.append(BlockNode(block + 1, path[-1] if path else root, block, (), 0))
+    others = [BlockNode(100 + i, root, 100 + i, (), 0) for i in range(4)]
+    released = list(reversed(path))  # how a released path joins a list: deepest block first
+    order = data.draw(
+        st.one_of(
+            st.permutations(path + others),
+            st.just(released + others),
+            st.just(others[:2] + released + others[2:]),
+        ),
+        label="order",
+    )
+    lists = data.draw(
+        st.lists(
+            st.sampled_from([None, LruList.BACKED, LruList.UNBACKED]),
+            min_size=len(order),
+            max_size=len(order),
+        ),
+        label="lists",
+    )
+    pinned = data.draw(st.sets(st.integers(0, size - 1)), label="pinned blocks")
+    lru = DeviceLru()
+    for entry, which in zip(order, lists):
+        if which is not None and not (entry in path and path.index(entry) in pinned):
+            lru.push_mru(entry, which)
+    for node in (*path, *others):
+        node.live_snapshots_below = 1  # nothing is dead
+    for block in pinned:
+        path[block].active_refs = 1
+    expected = tuple(
+        [e.id for e in lru.iter_lru_first(which) if e not in path]
+        for which in (LruList.BACKED, LruList.UNBACKED)
+    )
+    assert lru.pin_chain(path[-1], size, 7, {}) == path
+    assert listed_ids(lru) == expected
+    for which, ids in zip((LruList.BACKED, LruList.UNBACKED), expected):
+        assert lru.count(which) == len(ids)
+    for block, node in enumerate(path):
+        assert node.lru_list is LruList.NONE and node.last_access_tick == 7
+        assert node.active_refs == (2 if block in pinned else 1)
