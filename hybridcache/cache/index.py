@@ -22,6 +22,7 @@ from hybridcache.cache.index_snapshots import SnapshotHandlers
 from hybridcache.cache.ledger import DevicePages, StateSlots
 from hybridcache.cache.lru import DeviceLru
 from hybridcache.cache.records import (
+    LIVE_BELOW_CAP,
     BlockNode,
     HostWriteBatch,
     Lane,
@@ -233,21 +234,19 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 self.lru.push_mru(snap, want)
 
     def _adjust_live_below(self, anchor: BlockNode, delta: int) -> None:
-        """live_snapshots_below += delta (±1) from ``anchor`` to the root; only a 0 <-> 1 change can move a
-        node on or off the dead list. Counts never fall going up, so the nodes at the edge value form a
-        run from ``anchor`` upward: they are refreshed, and above the run the counts only move. Mutates."""
+        """A snapshot anchored at ``anchor`` is added (``delta`` +1) or removed (-1): live_snapshots_below
+        moves by ``delta`` from ``anchor`` up while the capped value of the node below changed (see
+        ``BlockNode.live_snapshots_below``); a node whose count crosses 0 <-> 1 moves on or off the dead
+        list. Mutates."""
         node: BlockNode | None = anchor
-        edge = 1 if delta > 0 else 0
-        refresh = self._refresh_node
-        while node is not None:  # the run of nodes that cross the 0 <-> 1 edge
-            live = node.live_snapshots_below = node.live_snapshots_below + delta
-            if live != edge:
-                node = node.parent
+        refresh, cap = self._refresh_node, LIVE_BELOW_CAP
+        while node is not None:
+            live = node.live_snapshots_below
+            moved = node.live_snapshots_below = live + delta
+            if not live or not moved:  # one of them is 0: the node crossed the 0 <-> 1 edge
+                refresh(node)
+            if live >= cap and moved >= cap:  # its capped value stayed: nothing changes above
                 break
-            refresh(node)
-            node = node.parent
-        while node is not None:  # one step per block above the run: counts only
-            node.live_snapshots_below += delta
             node = node.parent
 
     # ------------------------------------------------------------------ structural removal

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from hybridcache.cache.errors import IntegrityError
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.records import (
+    LIVE_BELOW_CAP,
     BlockNode,
     LruList,
     PageOwnerKind,
@@ -108,12 +109,14 @@ def _check_pins(index: PrefixIndex) -> None:
 
 
 def _check_live_below(index: PrefixIndex) -> None:
+    """Rebuild ``live_snapshots_below`` bottom-up from the snapshot anchors: the snapshots anchored at a
+    node plus its children's values capped at LIVE_BELOW_CAP (see ``BlockNode``)."""
     expected: Counter[int] = Counter()
     for snap in index.snapshots.values():
-        node: BlockNode | None = snap.anchor
-        while node is not None:
-            expected[node.id] += 1
-            node = node.parent
+        expected[snap.anchor.id] += 1
+    for node in sorted(index.nodes.values(), key=lambda n: n.depth, reverse=True):  # children first
+        if node.parent is not None:
+            expected[node.parent.id] += min(expected[node.id], LIVE_BELOW_CAP)
     for node in index.nodes.values():
         if node.live_snapshots_below != expected[node.id]:
             _fail(

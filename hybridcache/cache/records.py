@@ -88,6 +88,10 @@ _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 _LRU_NONE = LruList.NONE
 
 
+LIVE_BELOW_CAP = 3
+"""Where ``BlockNode.live_snapshots_below`` saturates: its readers tell 0, 1, 2 and more apart."""
+
+
 class LruLinks:
     """Intrusive doubly linked list membership shared by nodes and snapshot tails (§9.1)."""
 
@@ -103,7 +107,11 @@ class BlockNode(LruLinks):
     """One 64-token block of the tree (§5.2). Identity fields never change after insertion.
 
     Invariants: ``lru_list != NONE`` iff device RESIDENT, active_refs == 0, restore_pins == 0 (and not
-    root); ``live_snapshots_below`` counts snapshots whose anchor is this node or a descendant.
+    root); ``live_snapshots_below`` counts the snapshots whose anchor is this node or a descendant, exactly
+    up to ``LIVE_BELOW_CAP - 1`` and saturating above: it is the snapshots anchored here plus, per child,
+    ``min(child.live_snapshots_below, LIVE_BELOW_CAP)``. So it is 0, 1 or 2 exactly when that many
+    snapshots lie below, and at least ``LIVE_BELOW_CAP`` when more do; a publish or a retirement walks up
+    only while a node's capped value changes (never past a node with ``LIVE_BELOW_CAP`` below it).
     """
 
     # Slots are laid out in this order after the inherited LRU links: the fields that the walks over a path

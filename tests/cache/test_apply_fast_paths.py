@@ -11,7 +11,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.lru import DeviceLru
-from hybridcache.cache.records import BlockNode, LruList, pack_tokens
+from hybridcache.cache.records import LIVE_BELOW_CAP, BlockNode, LruList, pack_tokens
 
 
 def _cache_with_a_five_block_chain():
@@ -141,7 +141,9 @@ def test_a_snapshot_published_between_two_others_takes_over_the_deeper_one_as_it
     assert middle.ancestor is shallow and deep.ancestor is middle
     assert deep.id in middle.dependents and deep.id not in shallow.dependents
     index = cache.index
-    assert index.root.live_snapshots_below == len(index.snapshots)
+    # One chain: a node's count is its own snapshots plus its child's count capped at LIVE_BELOW_CAP.
+    assert len(index.snapshots) == 4 and index.root.live_snapshots_below == LIVE_BELOW_CAP
     assert middle.anchor.live_snapshots_below == sum(
         1 for s in index.snapshots.values() if s.anchor.depth >= middle.anchor.depth
     )
+    assert shallow.anchor.live_snapshots_below == 1 + LIVE_BELOW_CAP
