@@ -148,6 +148,9 @@ def _check_lru_and_dead(index: PrefixIndex) -> None:
     for node in index.nodes.values():
         if node.lru_list != _expected_node_list(node):
             _fail(f"node {node.id}: on LRU {node.lru_list.name}, expected {_expected_node_list(node).name}")
+        unlinked = node.lru_prev is None and node.lru_next is None
+        if node.lru_list == LruList.NONE and not node.active_refs and not unlinked:
+            _fail(f"node {node.id} is on no LRU list and pinned by no lane but keeps list links")
         dead = (
             node.parent is not None
             and node.host_state == Residency.RESIDENT

@@ -37,7 +37,11 @@ class _Sentinel(LruLinks):
 
 class DeviceLru:
     """Two lists; ``push_mru`` / ``remove`` are O(1), the path forms O(len(path)). Mutating calls raise
-    ValueError on misuse."""
+    ValueError on misuse.
+
+    Links are read only for listed entries. A node that a lane pins may keep stale links (``pin_chain``
+    leaves the inner links of a run it cuts out); every other entry on no list has none (both None):
+    ``pin_chain`` relies on that to tell a listed node by a link alone."""
 
     __slots__ = ("_backed", "_counts", "_unbacked")
 
@@ -131,16 +135,18 @@ class DeviceLru:
         Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
         ``blocks - 1`` (None for an empty path).
 
-        A released path joined its list deepest block first, so going up the path usually meets each
-        node's list successor next. The walk leaves such a run of consecutive entries linked while it
-        grows and cuts it out with one splice when the run ends (``_cut_run``)."""
+        A released path joined its list deepest block first and a landed write batch in block order, so
+        going up the path usually meets a list neighbour of the node before it. The walk leaves such a
+        run of consecutive entries linked while it grows at either end and cuts it out with one splice
+        when it ends (``_cut_run``)."""
         if deepest is None:
             return []
         path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
         none, no_run, leave_dead, cut = _NONE, _NO_RUN, dead.pop, self._cut_run
-        # The open run: nodes unlinked from blocks ``run_start`` down to ``run_last`` (the last one met),
-        # still linked among themselves and to their old neighbours; none is open while run_last is no_run.
-        run_first = run_last = no_run
+        # The open run: the nodes unlinked from block ``run_start`` down, consecutive on list ``run_list``
+        # from ``run_head`` (nearer the LRU end) to ``run_tail``, still linked among themselves and to
+        # their old neighbours; none is open while both ends are no_run.
+        run_head = run_tail = no_run
         run_list, run_start = none, 0
         # Counts never fall going up a path: if its last node has a live snapshot below, every node has
         # one and none of them can be on the dead list.
@@ -151,39 +157,44 @@ class DeviceLru:
             node.last_access_tick = tick
             if node.active_refs:  # pinned already: on no list and not dead
                 node.active_refs += 1
-                if run_last is not no_run:
-                    cut(run_first, run_last, run_list, run_start - block)
-                    run_last = no_run
+                if run_tail is not no_run:
+                    cut(run_head, run_tail, run_list, run_start - block)
+                    run_head = run_tail = no_run
                 node = node.parent  # type: ignore[assignment]
                 continue
             node.active_refs = 1
-            which = node.lru_list
-            if which is not none:
-                if node.lru_prev is not run_last:  # not the open run's successor: it starts a new run
-                    if run_last is not no_run:
-                        cut(run_first, run_last, run_list, run_start - block)
-                    run_first, run_list, run_start = node, which, block
-                run_last = node
+            # Only a listed node has links here (see the class note), so a link to the run lists it.
+            if node.lru_prev is run_tail:  # the run grows at its MRU end (a released path)
+                run_tail = node
                 node.lru_list = none
-            elif run_last is not no_run:
-                cut(run_first, run_last, run_list, run_start - block)
-                run_last = no_run
+            elif node.lru_next is run_head:  # ... or at its LRU end (a landed write batch)
+                run_head = node
+                node.lru_list = none
+            else:
+                if run_tail is not no_run:
+                    cut(run_head, run_tail, run_list, run_start - block)
+                    run_head = run_tail = no_run
+                which = node.lru_list
+                if which is not none:  # a new run
+                    run_head = run_tail = node
+                    run_list, run_start = which, block
+                    node.lru_list = none
             if maybe_dead and node.live_snapshots_below == 0:
                 leave_dead(node.id, None)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
-        if run_last is not no_run:
-            cut(run_first, run_last, run_list, run_start + 1)
+        if run_tail is not no_run:
+            cut(run_head, run_tail, run_list, run_start + 1)
         return path
 
-    def _cut_run(self, first: LruLinks, last: LruLinks, which: LruList, length: int) -> None:
-        """Splice out the ``length`` entries of ``which`` from ``first`` to ``last`` (consecutive, their
+    def _cut_run(self, head: LruLinks, tail: LruLinks, which: LruList, length: int) -> None:
+        """Splice out the ``length`` consecutive entries of ``which`` from ``head`` to ``tail`` (their
         ``lru_list`` already NONE). Their outer links are cleared; the inner ones, among the run's own
         entries, stay stale until each joins a list again (links are read only for listed entries).
         Mutates."""
-        before, after = first.lru_prev, last.lru_next
+        before, after = head.lru_prev, tail.lru_next
         before.lru_next = after  # type: ignore[union-attr]
         after.lru_prev = before  # type: ignore[union-attr]
-        first.lru_prev = last.lru_next = None
+        head.lru_prev = tail.lru_next = None
         self._counts[which] -= length
 
     def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
@@ -198,11 +209,14 @@ class DeviceLru:
         maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_chain``
         for node in reversed(path):
             if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
-                node.active_refs -= 1
+                refs = node.active_refs = node.active_refs - 1
+                if not refs:
+                    node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
                 stay_off += 1
                 continue
             node.active_refs = 0
             if node.device_state is not resident:
+                node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
                 stay_off += 1
             elif node.host_state is resident:
                 node.lru_prev = last_backed

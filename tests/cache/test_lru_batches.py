@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cache.lru import DeviceLru
-from hybridcache.cache.records import BlockNode, LruLinks, LruList
+from hybridcache.cache.records import BlockNode, LruLinks, LruList, Residency
 
 
 class Entry(LruLinks):
@@ -102,6 +102,7 @@ def test_pin_chain_unlinks_exactly_the_path_whatever_order_the_lists_hold_it_in(
         st.one_of(
             st.permutations(path + others),
             st.just(released + others),
+            st.just(others[:1] + path + others[1:]),  # how a landed write batch joins: in block order
             st.just(others[:2] + released + others[2:]),
         ),
         label="order",
@@ -134,3 +135,22 @@ def test_pin_chain_unlinks_exactly_the_path_whatever_order_the_lists_hold_it_in(
     for block, node in enumerate(path):
         assert node.lru_list is LruList.NONE and node.last_access_tick == 7
         assert node.active_refs == (2 if block in pinned else 1)
+
+
+def test_a_node_released_onto_no_list_drops_the_links_a_cut_run_left_it():
+    root = BlockNode(0, None, 0, (), 0)
+    path: list[BlockNode] = []
+    for block in range(4):
+        path.append(BlockNode(block + 1, path[-1] if path else root, block, (), 0))
+        path[-1].device_state = path[-1].host_state = Residency.RESIDENT
+        path[-1].live_snapshots_below = 1
+    lru = DeviceLru()
+    lru.extend_mru(path[::-1], LruList.BACKED)  # a released path: one run for pin_chain to cut out
+    lru.pin_chain(path[-1], 4, 1, {})
+    assert path[1].lru_prev is path[2]  # an inner link of the run, stale while the node is pinned
+    path[1].restore_pins = 1  # a write batch holds it
+    path[2].device_state = Residency.ABSENT  # (not in a real index: a pinned node keeps its copy)
+    lru.unpin_path(path, {})
+    assert listed_ids(lru) == ([4, 1], [])
+    for node in path[1:3]:
+        assert node.lru_list is LruList.NONE and node.lru_prev is None and node.lru_next is None
