@@ -76,7 +76,7 @@ class LaneHandlers(_Base):
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
         self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
-        lane.path = self.lru.pin_chain(end, blocks, e.seq, self.dead_nodes)
+        lane.path = self.lru.pin_chain(end, blocks, e.seq, self.dead_nodes, lane.unlisted_when_staged)
         if e.private_pages:
             self._grant_pages(lane, e.private_pages)
         if source is not None:
@@ -186,10 +186,11 @@ class LaneHandlers(_Base):
         lane = self.lane(e.lane)
         if lane.activated:
             raise EventRejected(f"LaneActivated: lane {e.lane} is already active")
-        for node in lane.path:
+        for node in reversed(lane.unlisted_when_staged):  # in block order: name the first one
             if node.device_page is None:
                 raise EventRejected(f"LaneActivated: path node {node.id} has no device page")
         lane.activated = True
+        lane.unlisted_when_staged = []
         self._drop_source_pin(lane)
 
     def _drop_source_pin(self, lane: Lane) -> None:

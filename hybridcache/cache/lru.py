@@ -127,12 +127,18 @@ class DeviceLru:
             counts[which] -= 1
 
     def pin_chain(
-        self, deepest: BlockNode | None, blocks: int, tick: int, dead: dict[NodeId, BlockNode]
+        self,
+        deepest: BlockNode | None,
+        blocks: int,
+        tick: int,
+        dead: dict[NodeId, BlockNode],
+        unlisted: list[BlockNode],
     ) -> list[BlockNode]:
         """A lane maps the path of ``blocks`` blocks ending at ``deepest`` (§6.4); returns it from block 0.
         Walking up from ``deepest``: active_refs + 1 and last access = ``tick`` on every node; a node
         pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
-        Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
+        The nodes that were on no list are appended to ``unlisted``, deepest first. Mutates the nodes,
+        the lists, ``dead`` and ``unlisted``; the caller checked that ``deepest`` is at depth
         ``blocks - 1`` (None for an empty path).
 
         A released path joined its list deepest block first and a landed write batch in block order, so
@@ -142,7 +148,7 @@ class DeviceLru:
         if deepest is None:
             return []
         path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
-        none, no_run, leave_dead, cut = _NONE, _NO_RUN, dead.pop, self._cut_run
+        none, no_run, leave_dead, cut, off_list = _NONE, _NO_RUN, dead.pop, self._cut_run, unlisted.append
         # The open run: the nodes unlinked from block ``run_start`` down, consecutive on list ``run_list``
         # from ``run_head`` (nearer the LRU end) to ``run_tail``, still linked among themselves and to
         # their old neighbours; none is open while both ends are no_run.
@@ -157,6 +163,7 @@ class DeviceLru:
             node.last_access_tick = tick
             if node.active_refs:  # pinned already: on no list and not dead
                 node.active_refs += 1
+                off_list(node)
                 if run_tail is not no_run:
                     cut(run_head, run_tail, run_list, run_start - block)
                     run_head = run_tail = no_run
@@ -179,6 +186,8 @@ class DeviceLru:
                     run_head = run_tail = node
                     run_list, run_start = which, block
                     node.lru_list = none
+                else:
+                    off_list(node)
             if maybe_dead and node.live_snapshots_below == 0:
                 leave_dead(node.id, None)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited

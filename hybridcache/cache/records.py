@@ -297,6 +297,7 @@ class Lane:
         "slot",
         "source",
         "table",
+        "unlisted_when_staged",
     )
 
     def __init__(self, lane_id: LaneId, enabled: bool, slot: SlotId, base: int) -> None:
@@ -312,6 +313,10 @@ class Lane:
         self.lineage: SnapshotId | None = None  # previous tap published by this lane in this prompt
         self.pending_taps: dict[int, PendingTap] = {}
         self.activated = False
+        # Until activation: the path nodes that were on no device LRU list when the lane pinned them,
+        # deepest first. Only they can lack a device page (a listed node has one, and nothing takes a
+        # pinned node's page), so LaneActivated checks just these.
+        self.unlisted_when_staged: list[BlockNode] = []
 
 
 class RestoreBatch:

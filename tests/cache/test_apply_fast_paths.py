@@ -67,6 +67,24 @@ def test_a_staged_lane_pins_exactly_the_chain_above_its_path_end():
     assert all(index.nodes[i].lru_list is LruList.NONE for i in pinned)
 
 
+def test_activation_names_the_first_path_node_still_without_a_device_page():
+    cache = _cache_with_a_five_block_chain()
+    index = cache.index
+    index.apply(ev.DeviceCopiesDropped(index.seq + 1, (2, 4), ()))  # host-backed copies: host-only now
+    anchored = max(index.snapshots.values(), key=lambda s: s.frontier)
+    assert anchored.anchor.id == 5
+    slot = index.slots.peek_free()
+    index.apply(ev.LaneStaged(index.seq + 1, 1, True, slot, anchored.frontier, 5, (), anchored.id))
+    _assert_rejected(index, ev.LaneActivated(0, 1), "path node 2 has no device page")
+    pages = index.pages.free_order()[:2]
+    index.apply(ev.RestoreOpened(index.seq + 1, 60, 1, (2,), (pages[0],)))
+    _assert_rejected(index, ev.LaneActivated(0, 1), "path node 4 has no device page")
+    index.apply(ev.RestoreOpened(index.seq + 1, 61, 1, (4,), (pages[1],)))
+    index.apply(ev.LaneActivated(index.seq + 1, 1))  # restores in flight are enough: pages are mapped
+    check_integrity(index)
+    assert index.lanes[1].activated
+
+
 def test_a_restore_that_names_a_node_twice_is_rejected():
     cache = _cache_with_a_five_block_chain()
     _assert_rejected(cache.index, ev.RestoreOpened(0, 60, None, (1, 1), (40, 41)), "named twice")

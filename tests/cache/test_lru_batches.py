@@ -128,7 +128,10 @@ def test_pin_chain_unlinks_exactly_the_path_whatever_order_the_lists_hold_it_in(
         [e.id for e in lru.iter_lru_first(which) if e not in path]
         for which in (LruList.BACKED, LruList.UNBACKED)
     )
-    assert lru.pin_chain(path[-1], size, 7, {}) == path
+    off_lists = [node for node in reversed(path) if node.lru_list is LruList.NONE]
+    unlisted: list[BlockNode] = []
+    assert lru.pin_chain(path[-1], size, 7, {}, unlisted) == path
+    assert unlisted == off_lists
     assert listed_ids(lru) == expected
     for which, ids in zip((LruList.BACKED, LruList.UNBACKED), expected):
         assert lru.count(which) == len(ids)
@@ -146,7 +149,7 @@ def test_a_node_released_onto_no_list_drops_the_links_a_cut_run_left_it():
         path[-1].live_snapshots_below = 1
     lru = DeviceLru()
     lru.extend_mru(path[::-1], LruList.BACKED)  # a released path: one run for pin_chain to cut out
-    lru.pin_chain(path[-1], 4, 1, {})
+    lru.pin_chain(path[-1], 4, 1, {}, [])
     assert path[1].lru_prev is path[2]  # an inner link of the run, stale while the node is pinned
     path[1].restore_pins = 1  # a write batch holds it
     path[2].device_state = Residency.ABSENT  # (not in a real index: a pinned node keeps its copy)
