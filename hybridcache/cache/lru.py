@@ -148,15 +148,12 @@ class DeviceLru:
         if deepest is None:
             return []
         path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
-        none, no_run, leave_dead, cut, off_list = _NONE, _NO_RUN, dead.pop, self._cut_run, unlisted.append
+        none, no_run, cut, off_list = _NONE, _NO_RUN, self._cut_run, unlisted.append
         # The open run: the nodes unlinked from block ``run_start`` down, consecutive on list ``run_list``
         # from ``run_head`` (nearer the LRU end) to ``run_tail``, still linked among themselves and to
         # their old neighbours; none is open while both ends are no_run.
         run_head = run_tail = no_run
         run_list, run_start = none, 0
-        # Counts never fall going up a path: if its last node has a live snapshot below, every node has
-        # one and none of them can be on the dead list.
-        maybe_dead = deepest.live_snapshots_below == 0
         node = deepest
         for block in range(blocks - 1, -1, -1):
             path[block] = node
@@ -188,11 +185,15 @@ class DeviceLru:
                     node.lru_list = none
                 else:
                     off_list(node)
-            if maybe_dead and node.live_snapshots_below == 0:
-                leave_dead(node.id, None)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
         if run_tail is not no_run:
             cut(run_head, run_tail, run_list, run_start + 1)
+        # Pinned nodes are not dead. Counts never fall going up a path, so the nodes with no live
+        # snapshot below (the only ones that can be on the dead list) are its deepest ones.
+        for node in reversed(path):
+            if node.live_snapshots_below:
+                break
+            dead.pop(node.id, None)
         return path
 
     def _cut_run(self, head: LruLinks, tail: LruLinks, which: LruList, length: int) -> None:
@@ -215,7 +216,6 @@ class DeviceLru:
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
         joined_unbacked = stay_off = 0  # the host-backed list gains the rest of the path
         resident, backed_list, unbacked_list = _RESIDENT, _BACKED, _UNBACKED
-        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_chain``
         for node in reversed(path):
             if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
                 refs = node.active_refs = node.active_refs - 1
@@ -238,8 +238,6 @@ class DeviceLru:
                 node.lru_list = unbacked_list
                 last_unbacked = node
                 joined_unbacked += 1
-            if maybe_dead and node.host_state is resident and node.live_snapshots_below == 0:
-                dead[node.id] = node
         last_backed.lru_next = backed  # type: ignore[union-attr]
         backed.lru_prev = last_backed
         last_unbacked.lru_next = unbacked  # type: ignore[union-attr]
@@ -247,6 +245,13 @@ class DeviceLru:
         counts = self._counts
         counts[_BACKED] += len(path) - stay_off - joined_unbacked
         counts[_UNBACKED] += joined_unbacked
+        # Deepest first, as they were released: unpinned nodes with a host copy and no live snapshot
+        # below. Counts never fall going up a path, so those nodes are among its deepest ones.
+        for node in reversed(path):
+            if node.live_snapshots_below:
+                break
+            if not (node.active_refs or node.restore_pins) and node.host_state is resident:
+                dead[node.id] = node
 
     def iter_lru_first(self, which: LruList) -> Iterator[LruLinks]:
         """Entries of ``which`` from the LRU end. Pure; do not mutate the list while iterating."""
