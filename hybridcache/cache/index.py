@@ -216,11 +216,6 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             if node.host_state is _RESIDENT:
                 self.dead_nodes.pop(node.id, None)
 
-    def _unpin_path(self, path: list[BlockNode]) -> None:
-        """A released lane unpins its path; nodes left without pins rejoin the LRU tail-first (§9.1) and,
-        where nothing live is below them, the dead list. Mutates."""
-        self.lru.unpin_path(path, self.dead_nodes)
-
     def _refresh_tail(self, snap: Snapshot) -> None:
         """Bring the snapshot tail's LRU membership in line with its fields. Mutates."""
         want = _NONE

@@ -76,7 +76,9 @@ class LaneHandlers(_Base):
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
         self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
-        lane.path = self.lru.pin_chain(end, blocks, e.seq, self.dead_nodes, lane.unlisted_when_staged)
+        lane.path = self.lru.pin_chain(
+            end, blocks, e.seq, self.dead_nodes, lane.unlisted_when_staged, lane.backed_spans
+        )
         if e.private_pages:
             self._grant_pages(lane, e.private_pages)
         if source is not None:
@@ -214,7 +216,7 @@ class LaneHandlers(_Base):
         release = self.pages.release
         for page in lane.private:
             release(page)
-        self._unpin_path(lane.path)
+        self.lru.unpin_path(lane.path, self.dead_nodes, lane.backed_spans)
         for batch in self.restores.values():
             if batch.lane == lane.id:
                 batch.lane = None

@@ -133,13 +133,15 @@ class DeviceLru:
         tick: int,
         dead: dict[NodeId, BlockNode],
         unlisted: list[BlockNode],
+        backed_spans: list[tuple[int, int]],
     ) -> list[BlockNode]:
         """A lane maps the path of ``blocks`` blocks ending at ``deepest`` (§6.4); returns it from block 0.
         Walking up from ``deepest``: active_refs + 1 and last access = ``tick`` on every node; a node
         pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
-        The nodes that were on no list are appended to ``unlisted``, deepest first. Mutates the nodes,
-        the lists, ``dead`` and ``unlisted``; the caller checked that ``deepest`` is at depth
-        ``blocks - 1`` (None for an empty path).
+        The nodes that were on no list are appended to ``unlisted``, deepest first, and the block ranges
+        (first, last) of those that left the host-backed list to ``backed_spans``, deepest first (see
+        ``unpin_path``). Mutates the nodes, the lists, ``dead``, ``unlisted`` and ``backed_spans``; the
+        caller checked that ``deepest`` is at depth ``blocks - 1`` (None for an empty path).
 
         A released path joined its list deepest block first and a landed write batch in block order, so
         going up the path usually meets a list neighbour of the node before it. The walk leaves such a
@@ -162,7 +164,7 @@ class DeviceLru:
                 node.active_refs += 1
                 off_list(node)
                 if run_tail is not no_run:
-                    cut(run_head, run_tail, run_list, run_start - block)
+                    cut(run_head, run_tail, run_list, block + 1, run_start, backed_spans)
                     run_head = run_tail = no_run
                 node = node.parent  # type: ignore[assignment]
                 continue
@@ -176,7 +178,7 @@ class DeviceLru:
                 node.lru_list = none
             else:
                 if run_tail is not no_run:
-                    cut(run_head, run_tail, run_list, run_start - block)
+                    cut(run_head, run_tail, run_list, block + 1, run_start, backed_spans)
                     run_head = run_tail = no_run
                 which = node.lru_list
                 if which is not none:  # a new run
@@ -187,7 +189,7 @@ class DeviceLru:
                     off_list(node)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
         if run_tail is not no_run:
-            cut(run_head, run_tail, run_list, run_start + 1)
+            cut(run_head, run_tail, run_list, 0, run_start, backed_spans)
         # Pinned nodes are not dead. Counts never fall going up a path, so the nodes with no live
         # snapshot below (the only ones that can be on the dead list) are its deepest ones.
         for node in reversed(path):
@@ -196,48 +198,82 @@ class DeviceLru:
             dead.pop(node.id, None)
         return path
 
-    def _cut_run(self, head: LruLinks, tail: LruLinks, which: LruList, length: int) -> None:
-        """Splice out the ``length`` consecutive entries of ``which`` from ``head`` to ``tail`` (their
-        ``lru_list`` already NONE). Their outer links are cleared; the inner ones, among the run's own
-        entries, stay stale until each joins a list again (links are read only for listed entries).
-        Mutates."""
+    def _cut_run(
+        self,
+        head: LruLinks,
+        tail: LruLinks,
+        which: LruList,
+        first: int,
+        last: int,
+        backed_spans: list[tuple[int, int]],
+    ) -> None:
+        """Splice out the consecutive entries of ``which`` from ``head`` to ``tail``: path blocks ``first``
+        to ``last``, their ``lru_list`` already NONE; a host-backed run's blocks go to ``backed_spans``.
+        The run's outer links are cleared; the inner ones, among its own entries, stay stale until each
+        joins a list again (links are read only for listed entries). Mutates."""
         before, after = head.lru_prev, tail.lru_next
         before.lru_next = after  # type: ignore[union-attr]
         after.lru_prev = before  # type: ignore[union-attr]
         head.lru_prev = tail.lru_next = None
-        self._counts[which] -= length
+        self._counts[which] -= last - first + 1
+        if which is _BACKED:
+            backed_spans.append((first, last))
 
-    def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
+    def unpin_path(
+        self,
+        path: Sequence[BlockNode],
+        dead: dict[NodeId, BlockNode],
+        backed_spans: Sequence[tuple[int, int]] = (),
+    ) -> None:
         """A lane releases ``path`` (a chain from block 0): active_refs - 1 on every node, deepest first. A
         node left without pins joins the MRU end of the list its host copy selects, so the path is appended
         in reverse block order and its deepest block is evicted first (§9.1); with no live snapshot below
-        and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
+        and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``.
+
+        ``backed_spans`` are the block ranges ``pin_chain`` cut from the host-backed list for this pin,
+        deepest first: those nodes still have both copies and no transfer pin (a pinned node keeps its
+        device page, a node with a host copy is written by no batch and is restored by none), so when
+        their last pin goes they rejoin that list without the residency tests."""
         backed, unbacked = self._backed, self._unbacked
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
         joined_unbacked = stay_off = 0  # the host-backed list gains the rest of the path
         resident, backed_list, unbacked_list = _RESIDENT, _BACKED, _UNBACKED
-        for node in reversed(path):
-            if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
-                refs = node.active_refs = node.active_refs - 1
-                if not refs:
+        end = len(path)  # the blocks from ``end`` on are done
+        for first, last in (*backed_spans, (0, -1)):
+            # The blocks between two spans (last + 1 .. end - 1), deepest first: test each node.
+            for node in reversed(path[last + 1 : end]) if end > last + 1 else ():
+                if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
+                    refs = node.active_refs = node.active_refs - 1
+                    if not refs:
+                        node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
+                    stay_off += 1
+                    continue
+                node.active_refs = 0
+                if node.device_state is not resident:
                     node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
-                stay_off += 1
-                continue
-            node.active_refs = 0
-            if node.device_state is not resident:
-                node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
-                stay_off += 1
-            elif node.host_state is resident:
+                    stay_off += 1
+                elif node.host_state is resident:
+                    node.lru_prev = last_backed
+                    last_backed.lru_next = node  # type: ignore[union-attr]
+                    node.lru_list = backed_list
+                    last_backed = node
+                else:
+                    node.lru_prev = last_unbacked
+                    last_unbacked.lru_next = node  # type: ignore[union-attr]
+                    node.lru_list = unbacked_list
+                    last_unbacked = node
+                    joined_unbacked += 1
+            for node in reversed(path[first : last + 1]):  # a span: back onto the host-backed list
+                if node.active_refs != 1:  # another lane pins it too
+                    node.active_refs -= 1
+                    stay_off += 1
+                    continue
+                node.active_refs = 0
                 node.lru_prev = last_backed
                 last_backed.lru_next = node  # type: ignore[union-attr]
                 node.lru_list = backed_list
                 last_backed = node
-            else:
-                node.lru_prev = last_unbacked
-                last_unbacked.lru_next = node  # type: ignore[union-attr]
-                node.lru_list = unbacked_list
-                last_unbacked = node
-                joined_unbacked += 1
+            end = first
         last_backed.lru_next = backed  # type: ignore[union-attr]
         backed.lru_prev = last_backed
         last_unbacked.lru_next = unbacked  # type: ignore[union-attr]

@@ -286,6 +286,7 @@ class Lane:
 
     __slots__ = (
         "activated",
+        "backed_spans",
         "base",
         "enabled",
         "id",
@@ -317,6 +318,9 @@ class Lane:
         # deepest first. Only they can lack a device page (a listed node has one, and nothing takes a
         # pinned node's page), so LaneActivated checks just these.
         self.unlisted_when_staged: list[BlockNode] = []
+        # Block ranges (first, last) of the staged path that left the host-backed LRU list when the lane
+        # pinned them, deepest first: at release they rejoin it without residency tests (``unpin_path``).
+        self.backed_spans: list[tuple[int, int]] = []
 
 
 class RestoreBatch:
