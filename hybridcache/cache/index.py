@@ -279,10 +279,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 self._remove_snapshot(snap)
         parent = top.parent
         assert parent is not None
-        bucket = parent.children[top.lookup_hash]
-        bucket.remove(top)
-        if not bucket:
-            del parent.children[top.lookup_hash]
+        parent.remove_child(top)
         for node in nodes:
             self.lru.remove(node)
             self.dead_nodes.pop(node.id, None)

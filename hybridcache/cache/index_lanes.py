@@ -247,14 +247,15 @@ class LaneHandlers(_Base):
             raise EventRejected(f"BlockInserted: {len(tokens)} tokens, a block has {BLOCK_TOKENS}")
         if page not in lane.private:
             raise EventRejected(f"BlockInserted: page {page} is not private to lane {e.lane}")
-        siblings = parent.children.get(lookup_hash)
+        children = parent.children
+        siblings = children.get(lookup_hash)
         if siblings is not None and parent.child(lookup_hash, tokens, e.extra) is not None:
             raise EventRejected(f"BlockInserted: node {parent.id} already has this child")
         node = BlockNode(node_id, parent, lookup_hash, tokens, e.extra)  # type: ignore[arg-type]
         if siblings is None:
-            parent.children[lookup_hash] = [node]
+            children[lookup_hash] = node  # ``BlockNode.add_child``, inlined: once per block
         else:
-            siblings.append(node)
+            parent.add_child(node)
         self.nodes[node.id] = node
         if node_id >= self.next_node_id:
             self.next_node_id = node_id + 1

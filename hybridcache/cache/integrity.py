@@ -53,7 +53,7 @@ def _check_tree(index: PrefixIndex) -> None:
             continue
         if index.nodes.get(node.parent.id) is not node.parent:
             _fail(f"node {node.id}: parent {node.parent.id} is not in the index")
-        if node not in node.parent.children.get(node.lookup_hash, ()):
+        if node not in node.parent.children_under(node.lookup_hash):
             _fail(f"node {node.id} is missing from its parent's child map under its lookup hash")
         if node.depth != node.parent.depth + 1 or len(node.tokens) != BLOCK_TOKENS:
             _fail(f"node {node.id}: depth {node.depth} or token count {len(node.tokens)} is wrong")

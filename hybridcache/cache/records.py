@@ -148,7 +148,9 @@ class BlockNode(LruLinks):
         self.tokens = tokens
         self.token_bytes: bytes | None = None  # packed on first match (``packed_tokens``), never in apply
         self.extra = extra
-        self.children: dict[int, list[BlockNode]] = {}  # lookup_hash -> children (collisions listed)
+        # lookup_hash -> the child under it, or a list of them when lookup hashes collide: a lone child
+        # is stored as itself, so a committed block allocates no bucket list (``add_child``).
+        self.children: dict[int, BlockNode | list[BlockNode]] = {}
         self.device_page: PageId | None = None
         self.host_slab: SlabId | None = None
         self.device_state = _ABSENT
@@ -174,13 +176,49 @@ class BlockNode(LruLinks):
 
     def child(self, lookup_hash: int, tokens: tuple[int, ...], extra: int) -> BlockNode | None:
         """The child with exactly these tokens and extra key; the hash only selects candidates."""
-        for candidate in self.children.get(lookup_hash, ()):
+        for candidate in self.children_under(lookup_hash):
             if candidate.tokens == tokens and candidate.extra == extra:
                 return candidate
         return None
 
+    def children_under(self, lookup_hash: int) -> Sequence[BlockNode]:
+        """The children filed under ``lookup_hash`` (empty, one, or several that collide). Pure."""
+        entry = self.children.get(lookup_hash)
+        if entry is None:
+            return ()
+        return entry if entry.__class__ is list else (entry,)  # type: ignore[return-value]
+
     def iter_children(self) -> list[BlockNode]:
-        return [child for bucket in self.children.values() for child in bucket]
+        out: list[BlockNode] = []
+        for entry in self.children.values():
+            if entry.__class__ is list:
+                out += entry  # type: ignore[arg-type]
+            else:
+                out.append(entry)  # type: ignore[arg-type]
+        return out
+
+    def add_child(self, node: BlockNode) -> None:
+        """File ``node`` under its lookup hash, after any child already there. Mutates."""
+        children, key = self.children, node.lookup_hash
+        entry = children.get(key)
+        if entry is None:
+            children[key] = node
+        elif entry.__class__ is list:
+            entry.append(node)  # type: ignore[union-attr]
+        else:
+            children[key] = [entry, node]  # type: ignore[list-item]
+
+    def remove_child(self, node: BlockNode) -> None:
+        """Unfile ``node`` (a child of this node). Mutates; raises KeyError / ValueError if absent."""
+        children, key = self.children, node.lookup_hash
+        entry = children[key]
+        if entry.__class__ is list:
+            entry.remove(node)  # type: ignore[union-attr]
+            if entry:
+                return
+        elif entry is not node:
+            raise ValueError(f"node {node.id} is not a child of node {self.id}")
+        del children[key]
 
     @property
     def pinned(self) -> bool:
