@@ -173,10 +173,13 @@ class LaneHandlers(_Base):
         if batch is None:
             raise EventRejected(f"RestoreLanded: no restore batch {e.batch}")
         del self.restores[e.batch]
+        resident, refresh = _RESIDENT, self._refresh_node
         for node in batch.nodes:
-            node.device_state = _RESIDENT
-            node.restore_pins -= 1
-            self._refresh_node(node)
+            node.device_state = resident
+            pins = node.restore_pins = node.restore_pins - 1
+            if pins or node.active_refs:  # still pinned: stays on no list and off the dead list
+                continue
+            refresh(node)
         snap = batch.snapshot
         if snap is not None:
             if batch.tail:

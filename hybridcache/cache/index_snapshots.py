@@ -262,7 +262,7 @@ class SnapshotHandlers(_Base):
         child = anchor = snap.anchor
         live = anchor.live_snapshots_below
         anchor.live_snapshots_below = live + 1
-        if live == 0:
+        if live == 0 and not (anchor.active_refs or anchor.restore_pins):  # as in the loop below
             refresh(anchor)
         rising = live < cap  # the capped count of the node below rose: this one's count rises
         ancestor = None
