@@ -9,6 +9,7 @@ unchanged. Handlers live in ``index_lanes`` and ``index_snapshots`` (mixins); sh
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.digest import state_bytes
@@ -320,7 +321,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         for slab in slabs:
             del self.slab_owners[slab]
 
-    def _take_free_slabs(self, slabs: list[int], what: str) -> None:
+    def _take_free_slabs(self, slabs: Sequence[int], what: str) -> None:
         """Take ``slabs`` from the host pool, all or nothing. Mutates only on success; raises
         EventRejected (nothing taken) when there is no host tier or a slab is repeated, out of range or
         not free. The owners are the caller's to record."""

@@ -357,14 +357,17 @@ class LaneHandlers(_Base):
             or len(e.tail_slabs) != len(tails)
         ):
             raise EventRejected("HostWriteOpened: one slab (or slab list) per entry")
-        if _named_twice(e.nodes) or _named_twice(e.images) or _named_twice(e.tails):
+        if _named_twice(e.nodes) or (images and _named_twice(e.images)) or (tails and _named_twice(e.tails)):
             raise EventRejected("HostWriteOpened: an entry is named twice")
         self._check_write_sources(nodes, images, tails, e.image_slabs)
-        all_slabs = list(e.node_slabs)
-        for group in e.image_slabs:
-            all_slabs += group
-        all_slabs += e.tail_slabs
-        self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
+        if images or tails:
+            all_slabs = list(e.node_slabs)
+            for group in e.image_slabs:
+                all_slabs += group
+            all_slabs += e.tail_slabs
+            self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
+        else:
+            self._take_free_slabs(e.node_slabs, "HostWriteOpened")  # (take copies what it is given)
         if batch >= self.next_batch_id:
             self.next_batch_id = batch + 1
         owners, filling = self.slab_owners, _FILLING
@@ -374,19 +377,21 @@ class LaneHandlers(_Base):
             node.host_state = filling
             node.restore_pins += 1
         self.lru.remove_all(nodes)  # pinned: off the LRU; host ABSENT before, so never on the dead list
-        for snap, group in zip(images, e.image_slabs):
-            owned = (_SLAB_IMAGE, snap.id)
-            for slab in group:
-                owners[slab] = owned
-            snap.host_slabs = tuple(group)
-            snap.host_state = filling
-            snap.restore_pins += 1
-        for snap, slab in zip(tails, e.tail_slabs):
-            owners[slab] = (_SLAB_TAIL, snap.id)
-            snap.tail_host_slab = slab
-            snap.tail_host_state = filling
-            snap.restore_pins += 1
-        self.lru.remove_all(tails)  # pinned tails leave the LRU (``_refresh_tail`` with a pin held)
+        if images:
+            for snap, group in zip(images, e.image_slabs):
+                owned = (_SLAB_IMAGE, snap.id)
+                for slab in group:
+                    owners[slab] = owned
+                snap.host_slabs = tuple(group)
+                snap.host_state = filling
+                snap.restore_pins += 1
+        if tails:
+            for snap, slab in zip(tails, e.tail_slabs):
+                owners[slab] = (_SLAB_TAIL, snap.id)
+                snap.tail_host_slab = slab
+                snap.tail_host_state = filling
+                snap.restore_pins += 1
+            self.lru.remove_all(tails)  # pinned tails leave the LRU (``_refresh_tail`` with a pin held)
         self.host_writes[batch] = HostWriteBatch(nodes, images, tails)
 
     def _check_write_sources(
