@@ -6,7 +6,9 @@ least recently used end; entries join at the MRU end. Owned and mutated only by 
 Lane staging and release move whole paths (about 90 nodes per request on average) off and back onto the
 lists. Those two transitions are the hottest loops of the index, so besides the single-entry
 ``push_mru`` / ``remove`` there are ``pin_chain`` / ``unpin_path``: one pass per path that does the pin
-counting, the list splicing and the dead-list update together, with the list ends bound to locals.
+counting and the list splicing together, with the list ends bound to locals, then a short pass over the
+path's deepest nodes for the dead list. ``pin_chain`` cuts runs of consecutive entries out with one
+splice each and records the host-backed ones, which ``unpin_path`` puts back without residency tests.
 Write-through batches use ``extend_mru`` / ``remove_all``: the single-entry calls in one loop.
 """
 
