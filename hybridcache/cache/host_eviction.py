@@ -112,7 +112,8 @@ def tempered_density(density: float) -> float:
 
 
 def exclusive_path_bytes(index: PrefixIndex, anchor: BlockNode) -> int:
-    """Host bytes of path nodes below which only one snapshot lies (see module note). Pure."""
+    """Host bytes of path nodes below which only one snapshot lies (see module note). Pure. (Counts up to
+    2 are exact: ``live_snapshots_below`` saturates only above LIVE_BELOW_CAP - 1.)"""
     total = 0
     node: BlockNode | None = anchor
     while node is not None and node.parent is not None and node.live_snapshots_below <= 1:
@@ -123,7 +124,8 @@ def exclusive_path_bytes(index: PrefixIndex, anchor: BlockNode) -> int:
 
 def path_sharers(anchor: BlockNode, threshold: int) -> list[Snapshot]:
     """Snapshots whose exclusive path changed when one was added (threshold 2) or removed (threshold 1)
-    at ``anchor``: the snapshots below the lowest ancestor holding exactly ``threshold``. Pure."""
+    at ``anchor``: the snapshots below the lowest ancestor holding exactly ``threshold``. Pure. (Counts up
+    to 2 are exact, see ``BlockNode.live_snapshots_below``.)"""
     node: BlockNode | None = anchor
     while node is not None and node.live_snapshots_below < threshold:
         node = node.parent

@@ -9,6 +9,7 @@ unchanged. Handlers live in ``index_lanes`` and ``index_snapshots`` (mixins); sh
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.digest import state_bytes
@@ -22,6 +23,7 @@ from hybridcache.cache.index_snapshots import SnapshotHandlers
 from hybridcache.cache.ledger import DevicePages, StateSlots
 from hybridcache.cache.lru import DeviceLru
 from hybridcache.cache.records import (
+    LIVE_BELOW_CAP,
     BlockNode,
     HostWriteBatch,
     Lane,
@@ -215,11 +217,6 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             if node.host_state is _RESIDENT:
                 self.dead_nodes.pop(node.id, None)
 
-    def _unpin_path(self, path: list[BlockNode]) -> None:
-        """A released lane unpins its path; nodes left without pins rejoin the LRU tail-first (§9.1) and,
-        where nothing live is below them, the dead list. Mutates."""
-        self.lru.unpin_path(path, self.dead_nodes)
-
     def _refresh_tail(self, snap: Snapshot) -> None:
         """Bring the snapshot tail's LRU membership in line with its fields. Mutates."""
         want = _NONE
@@ -233,21 +230,19 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 self.lru.push_mru(snap, want)
 
     def _adjust_live_below(self, anchor: BlockNode, delta: int) -> None:
-        """live_snapshots_below += delta (±1) from ``anchor`` to the root; only a 0 <-> 1 change can move a
-        node on or off the dead list. Counts never fall going up, so the nodes at the edge value form a
-        run from ``anchor`` upward: they are refreshed, and above the run the counts only move. Mutates."""
+        """A snapshot anchored at ``anchor`` is added (``delta`` +1) or removed (-1): live_snapshots_below
+        moves by ``delta`` from ``anchor`` up while the capped value of the node below changed (see
+        ``BlockNode.live_snapshots_below``); a node whose count crosses 0 <-> 1 moves on or off the dead
+        list. Mutates."""
         node: BlockNode | None = anchor
-        edge = 1 if delta > 0 else 0
-        refresh = self._refresh_node
-        while node is not None:  # the run of nodes that cross the 0 <-> 1 edge
-            live = node.live_snapshots_below = node.live_snapshots_below + delta
-            if live != edge:
-                node = node.parent
+        refresh, cap = self._refresh_node, LIVE_BELOW_CAP
+        while node is not None:
+            live = node.live_snapshots_below
+            moved = node.live_snapshots_below = live + delta
+            if not live or not moved:  # one of them is 0: the node crossed the 0 <-> 1 edge
+                refresh(node)
+            if live >= cap and moved >= cap:  # its capped value stayed: nothing changes above
                 break
-            refresh(node)
-            node = node.parent
-        while node is not None:  # one step per block above the run: counts only
-            node.live_snapshots_below += delta
             node = node.parent
 
     # ------------------------------------------------------------------ structural removal
@@ -285,10 +280,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 self._remove_snapshot(snap)
         parent = top.parent
         assert parent is not None
-        bucket = parent.children[top.lookup_hash]
-        bucket.remove(top)
-        if not bucket:
-            del parent.children[top.lookup_hash]
+        parent.remove_child(top)
         for node in nodes:
             self.lru.remove(node)
             self.dead_nodes.pop(node.id, None)
@@ -329,7 +321,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         for slab in slabs:
             del self.slab_owners[slab]
 
-    def _take_free_slabs(self, slabs: list[int], what: str) -> None:
+    def _take_free_slabs(self, slabs: Sequence[int], what: str) -> None:
         """Take ``slabs`` from the host pool, all or nothing. Mutates only on success; raises
         EventRejected (nothing taken) when there is no host tier or a slab is repeated, out of range or
         not free. The owners are the caller's to record."""

@@ -76,7 +76,9 @@ class LaneHandlers(_Base):
         lane = Lane(LaneId(e.lane), e.enabled, SlotId(e.slot), e.base)
         self.lanes[lane.id] = lane
         self.slots.set_role(e.slot, _SLOT_ACTIVE, e.lane)
-        lane.path = self.lru.pin_chain(end, blocks, e.seq, self.dead_nodes)
+        lane.path = self.lru.pin_chain(
+            end, blocks, e.seq, self.dead_nodes, lane.unlisted_when_staged, lane.backed_spans
+        )
         if e.private_pages:
             self._grant_pages(lane, e.private_pages)
         if source is not None:
@@ -171,10 +173,13 @@ class LaneHandlers(_Base):
         if batch is None:
             raise EventRejected(f"RestoreLanded: no restore batch {e.batch}")
         del self.restores[e.batch]
+        resident, refresh = _RESIDENT, self._refresh_node
         for node in batch.nodes:
-            node.device_state = _RESIDENT
-            node.restore_pins -= 1
-            self._refresh_node(node)
+            node.device_state = resident
+            pins = node.restore_pins = node.restore_pins - 1
+            if pins or node.active_refs:  # still pinned: stays on no list and off the dead list
+                continue
+            refresh(node)
         snap = batch.snapshot
         if snap is not None:
             if batch.tail:
@@ -186,10 +191,11 @@ class LaneHandlers(_Base):
         lane = self.lane(e.lane)
         if lane.activated:
             raise EventRejected(f"LaneActivated: lane {e.lane} is already active")
-        for node in lane.path:
+        for node in reversed(lane.unlisted_when_staged):  # in block order: name the first one
             if node.device_page is None:
                 raise EventRejected(f"LaneActivated: path node {node.id} has no device page")
         lane.activated = True
+        lane.unlisted_when_staged = []
         self._drop_source_pin(lane)
 
     def _drop_source_pin(self, lane: Lane) -> None:
@@ -213,7 +219,7 @@ class LaneHandlers(_Base):
         release = self.pages.release
         for page in lane.private:
             release(page)
-        self._unpin_path(lane.path)
+        self.lru.unpin_path(lane.path, self.dead_nodes, lane.backed_spans)
         for batch in self.restores.values():
             if batch.lane == lane.id:
                 batch.lane = None
@@ -244,14 +250,15 @@ class LaneHandlers(_Base):
             raise EventRejected(f"BlockInserted: {len(tokens)} tokens, a block has {BLOCK_TOKENS}")
         if page not in lane.private:
             raise EventRejected(f"BlockInserted: page {page} is not private to lane {e.lane}")
-        siblings = parent.children.get(lookup_hash)
+        children = parent.children
+        siblings = children.get(lookup_hash)
         if siblings is not None and parent.child(lookup_hash, tokens, e.extra) is not None:
             raise EventRejected(f"BlockInserted: node {parent.id} already has this child")
         node = BlockNode(node_id, parent, lookup_hash, tokens, e.extra)  # type: ignore[arg-type]
         if siblings is None:
-            parent.children[lookup_hash] = [node]
+            children[lookup_hash] = node  # ``BlockNode.add_child``, inlined: once per block
         else:
-            siblings.append(node)
+            parent.add_child(node)
         self.nodes[node.id] = node
         if node_id >= self.next_node_id:
             self.next_node_id = node_id + 1
@@ -350,14 +357,17 @@ class LaneHandlers(_Base):
             or len(e.tail_slabs) != len(tails)
         ):
             raise EventRejected("HostWriteOpened: one slab (or slab list) per entry")
-        if _named_twice(e.nodes) or _named_twice(e.images) or _named_twice(e.tails):
+        if _named_twice(e.nodes) or (images and _named_twice(e.images)) or (tails and _named_twice(e.tails)):
             raise EventRejected("HostWriteOpened: an entry is named twice")
         self._check_write_sources(nodes, images, tails, e.image_slabs)
-        all_slabs = list(e.node_slabs)
-        for group in e.image_slabs:
-            all_slabs += group
-        all_slabs += e.tail_slabs
-        self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
+        if images or tails:
+            all_slabs = list(e.node_slabs)
+            for group in e.image_slabs:
+                all_slabs += group
+            all_slabs += e.tail_slabs
+            self._take_free_slabs(all_slabs, "HostWriteOpened")  # the first mutation; all or nothing
+        else:
+            self._take_free_slabs(e.node_slabs, "HostWriteOpened")  # (take copies what it is given)
         if batch >= self.next_batch_id:
             self.next_batch_id = batch + 1
         owners, filling = self.slab_owners, _FILLING
@@ -367,19 +377,21 @@ class LaneHandlers(_Base):
             node.host_state = filling
             node.restore_pins += 1
         self.lru.remove_all(nodes)  # pinned: off the LRU; host ABSENT before, so never on the dead list
-        for snap, group in zip(images, e.image_slabs):
-            owned = (_SLAB_IMAGE, snap.id)
-            for slab in group:
-                owners[slab] = owned
-            snap.host_slabs = tuple(group)
-            snap.host_state = filling
-            snap.restore_pins += 1
-        for snap, slab in zip(tails, e.tail_slabs):
-            owners[slab] = (_SLAB_TAIL, snap.id)
-            snap.tail_host_slab = slab
-            snap.tail_host_state = filling
-            snap.restore_pins += 1
-        self.lru.remove_all(tails)  # pinned tails leave the LRU (``_refresh_tail`` with a pin held)
+        if images:
+            for snap, group in zip(images, e.image_slabs):
+                owned = (_SLAB_IMAGE, snap.id)
+                for slab in group:
+                    owners[slab] = owned
+                snap.host_slabs = tuple(group)
+                snap.host_state = filling
+                snap.restore_pins += 1
+        if tails:
+            for snap, slab in zip(tails, e.tail_slabs):
+                owners[slab] = (_SLAB_TAIL, snap.id)
+                snap.tail_host_slab = slab
+                snap.tail_host_state = filling
+                snap.restore_pins += 1
+            self.lru.remove_all(tails)  # pinned tails leave the LRU (``_refresh_tail`` with a pin held)
         self.host_writes[batch] = HostWriteBatch(nodes, images, tails)
 
     def _check_write_sources(

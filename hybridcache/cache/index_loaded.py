@@ -35,7 +35,7 @@ class LoadedHandlers(_Base):
             raise EventRejected(f"BlockLoaded: node {parent.id} already has this child")
         self._check_free_slabs((e.slab,), "BlockLoaded")
         node = BlockNode(NodeId(e.node), parent, e.lookup_hash, tuple(e.tokens), e.extra)
-        parent.children.setdefault(e.lookup_hash, []).append(node)
+        parent.add_child(node)
         self.nodes[node.id] = node
         self.next_node_id = max(self.next_node_id, e.node + 1)
         self._take_slabs((e.slab,), SlabOwnerKind.NODE, node.id)

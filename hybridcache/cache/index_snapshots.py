@@ -13,6 +13,7 @@ from hybridcache.cache import events as ev
 from hybridcache.cache.errors import EventRejected
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
 from hybridcache.cache.records import (
+    LIVE_BELOW_CAP,
     BlockNode,
     PageOwnerKind,
     PendingTap,
@@ -248,30 +249,40 @@ class SnapshotHandlers(_Base):
         return None
 
     def _attach_snapshot(self, snap: Snapshot) -> None:
-        """A new snapshot (already in its anchor's list) counts as live from its anchor to the root and
-        gets its ancestry links (§9.3), in one walk up the path. Mutates.
+        """A new snapshot (already in its anchor's list) counts as live from its anchor up (see
+        ``BlockNode.live_snapshots_below``) and gets its ancestry links (§9.3), in one walk up the path.
+        Mutates.
 
+        A node's count rises by one while its child's capped count rose (it was below LIVE_BELOW_CAP).
         Only nodes below the nearest node that already had a live snapshot can go from 0 to 1 (and so
         change dead-list membership); the walk to the ancestor covers them (a node holding the ancestor
-        is live), and above the ancestor the counts only rise, in a loop that does nothing else."""
-        refresh = self._refresh_node
+        is live), and above the ancestor the counts only rise, in a loop that does nothing else and stops
+        at the first node that was saturated already."""
+        refresh, cap = self._refresh_node, LIVE_BELOW_CAP
         child = anchor = snap.anchor
-        live = anchor.live_snapshots_below = anchor.live_snapshots_below + 1
-        if live == 1:
+        live = anchor.live_snapshots_below
+        anchor.live_snapshots_below = live + 1
+        if live == 0 and not (anchor.active_refs or anchor.restore_pins):  # as in the loop below
             refresh(anchor)
+        rising = live < cap  # the capped count of the node below rose: this one's count rises
         ancestor = None
         if len(anchor.snapshots) > 1:  # snap itself is listed already
             ancestor = _deepest_above(anchor.snapshots, snap, snap.tail_tokens)
         node = anchor.parent
         while node is not None and ancestor is None:  # one step per block: find_ancestor, fused
-            live = node.live_snapshots_below = node.live_snapshots_below + 1
-            if live == 1 and not (node.active_refs or node.restore_pins):  # pinned: on no list, not dead
-                refresh(node)
+            if rising:
+                live = node.live_snapshots_below
+                node.live_snapshots_below = live + 1
+                if live == 0 and not (node.active_refs or node.restore_pins):  # pinned: on no list, not dead
+                    refresh(node)
+                rising = live < cap
             if node.snapshots:
                 ancestor = _deepest_above(node.snapshots, snap, child.tokens)
             child, node = node, node.parent
-        while node is not None:  # above the ancestor every count is >= 1 already: no refresh
-            node.live_snapshots_below += 1
+        while rising and node is not None:  # above the ancestor every count is >= 1 already: no refresh
+            live = node.live_snapshots_below
+            node.live_snapshots_below = live + 1
+            rising = live < cap
             node = node.parent
         self._link_below(snap, ancestor)
 

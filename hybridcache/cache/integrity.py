@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from hybridcache.cache.errors import IntegrityError
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.records import (
+    LIVE_BELOW_CAP,
     BlockNode,
     LruList,
     PageOwnerKind,
@@ -52,7 +53,7 @@ def _check_tree(index: PrefixIndex) -> None:
             continue
         if index.nodes.get(node.parent.id) is not node.parent:
             _fail(f"node {node.id}: parent {node.parent.id} is not in the index")
-        if node not in node.parent.children.get(node.lookup_hash, ()):
+        if node not in node.parent.children_under(node.lookup_hash):
             _fail(f"node {node.id} is missing from its parent's child map under its lookup hash")
         if node.depth != node.parent.depth + 1 or len(node.tokens) != BLOCK_TOKENS:
             _fail(f"node {node.id}: depth {node.depth} or token count {len(node.tokens)} is wrong")
@@ -108,12 +109,14 @@ def _check_pins(index: PrefixIndex) -> None:
 
 
 def _check_live_below(index: PrefixIndex) -> None:
+    """Rebuild ``live_snapshots_below`` bottom-up from the snapshot anchors: the snapshots anchored at a
+    node plus its children's values capped at LIVE_BELOW_CAP (see ``BlockNode``)."""
     expected: Counter[int] = Counter()
     for snap in index.snapshots.values():
-        node: BlockNode | None = snap.anchor
-        while node is not None:
-            expected[node.id] += 1
-            node = node.parent
+        expected[snap.anchor.id] += 1
+    for node in sorted(index.nodes.values(), key=lambda n: n.depth, reverse=True):  # children first
+        if node.parent is not None:
+            expected[node.parent.id] += min(expected[node.id], LIVE_BELOW_CAP)
     for node in index.nodes.values():
         if node.live_snapshots_below != expected[node.id]:
             _fail(
@@ -145,6 +148,9 @@ def _check_lru_and_dead(index: PrefixIndex) -> None:
     for node in index.nodes.values():
         if node.lru_list != _expected_node_list(node):
             _fail(f"node {node.id}: on LRU {node.lru_list.name}, expected {_expected_node_list(node).name}")
+        unlinked = node.lru_prev is None and node.lru_next is None
+        if node.lru_list == LruList.NONE and not node.active_refs and not unlinked:
+            _fail(f"node {node.id} is on no LRU list and pinned by no lane but keeps list links")
         dead = (
             node.parent is not None
             and node.host_state == Residency.RESIDENT

@@ -6,7 +6,9 @@ least recently used end; entries join at the MRU end. Owned and mutated only by 
 Lane staging and release move whole paths (about 90 nodes per request on average) off and back onto the
 lists. Those two transitions are the hottest loops of the index, so besides the single-entry
 ``push_mru`` / ``remove`` there are ``pin_chain`` / ``unpin_path``: one pass per path that does the pin
-counting, the list splicing and the dead-list update together, with the list ends bound to locals.
+counting and the list splicing together, with the list ends bound to locals, then a short pass over the
+path's deepest nodes for the dead list. ``pin_chain`` cuts runs of consecutive entries out with one
+splice each and records the host-backed ones, which ``unpin_path`` puts back without residency tests.
 Write-through batches use ``extend_mru`` / ``remove_all``: the single-entry calls in one loop.
 """
 
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 _NONE, _BACKED, _UNBACKED = LruList.NONE, LruList.BACKED, LruList.UNBACKED
 _RESIDENT = Residency.RESIDENT
+_NO_RUN = LruLinks()  # ``pin_chain``'s open run when there is none: no entry's link ever points at it
 
 
 class _Sentinel(LruLinks):
@@ -36,7 +39,11 @@ class _Sentinel(LruLinks):
 
 class DeviceLru:
     """Two lists; ``push_mru`` / ``remove`` are O(1), the path forms O(len(path)). Mutating calls raise
-    ValueError on misuse."""
+    ValueError on misuse.
+
+    Links are read only for listed entries. A node that a lane pins may keep stale links (``pin_chain``
+    leaves the inner links of a run it cuts out); every other entry on no list has none (both None):
+    ``pin_chain`` relies on that to tell a listed node by a link alone."""
 
     __slots__ = ("_backed", "_counts", "_unbacked")
 
@@ -122,84 +129,167 @@ class DeviceLru:
             counts[which] -= 1
 
     def pin_chain(
-        self, deepest: BlockNode | None, blocks: int, tick: int, dead: dict[NodeId, BlockNode]
+        self,
+        deepest: BlockNode | None,
+        blocks: int,
+        tick: int,
+        dead: dict[NodeId, BlockNode],
+        unlisted: list[BlockNode],
+        backed_spans: list[tuple[int, int]],
     ) -> list[BlockNode]:
         """A lane maps the path of ``blocks`` blocks ending at ``deepest`` (§6.4); returns it from block 0.
         Walking up from ``deepest``: active_refs + 1 and last access = ``tick`` on every node; a node
         pinned for the first time leaves its list (pinned nodes are never listed, §9.1) and ``dead``.
-        Mutates the nodes, the lists and ``dead``; the caller checked that ``deepest`` is at depth
-        ``blocks - 1`` (None for an empty path)."""
+        The nodes that were on no list are appended to ``unlisted``, deepest first, and the block ranges
+        (first, last) of those that left the host-backed list to ``backed_spans``, deepest first (see
+        ``unpin_path``). Mutates the nodes, the lists, ``dead``, ``unlisted`` and ``backed_spans``; the
+        caller checked that ``deepest`` is at depth ``blocks - 1`` (None for an empty path).
+
+        A released path joined its list deepest block first and a landed write batch in block order, so
+        going up the path usually meets a list neighbour of the node before it. The walk leaves such a
+        run of consecutive entries linked while it grows at either end and cuts it out with one splice
+        when it ends (``_cut_run``)."""
         if deepest is None:
             return []
         path: list[BlockNode] = [None] * blocks  # type: ignore[list-item]  # every entry set below
-        left_backed = left_unbacked = 0
-        none, backed, leave_dead = _NONE, _BACKED, dead.pop
-        # Counts never fall going up a path: if its last node has a live snapshot below, every node has
-        # one and none of them can be on the dead list.
-        maybe_dead = deepest.live_snapshots_below == 0
+        none, no_run, cut, off_list = _NONE, _NO_RUN, self._cut_run, unlisted.append
+        # The open run: the nodes unlinked from block ``run_start`` down, consecutive on list ``run_list``
+        # from ``run_head`` (nearer the LRU end) to ``run_tail``, still linked among themselves and to
+        # their old neighbours; none is open while both ends are no_run.
+        run_head = run_tail = no_run
+        run_list, run_start = none, 0
         node = deepest
         for block in range(blocks - 1, -1, -1):
             path[block] = node
-            refs = node.active_refs = node.active_refs + 1
             node.last_access_tick = tick
-            if refs == 1:
+            if node.active_refs:  # pinned already: on no list and not dead
+                node.active_refs += 1
+                off_list(node)
+                if run_tail is not no_run:
+                    cut(run_head, run_tail, run_list, block + 1, run_start, backed_spans)
+                    run_head = run_tail = no_run
+                node = node.parent  # type: ignore[assignment]
+                continue
+            node.active_refs = 1
+            # Only a listed node has links here (see the class note), so a link to the run lists it.
+            if node.lru_prev is run_tail:  # the run grows at its MRU end (a released path)
+                run_tail = node
+                node.lru_list = none
+            elif node.lru_next is run_head:  # ... or at its LRU end (a landed write batch)
+                run_head = node
+                node.lru_list = none
+            else:
+                if run_tail is not no_run:
+                    cut(run_head, run_tail, run_list, block + 1, run_start, backed_spans)
+                    run_head = run_tail = no_run
                 which = node.lru_list
-                if which is not none:
-                    prev = node.lru_prev
-                    nxt = node.lru_next
-                    prev.lru_next = nxt  # type: ignore[union-attr]
-                    nxt.lru_prev = prev  # type: ignore[union-attr]
-                    node.lru_prev = node.lru_next = None
+                if which is not none:  # a new run
+                    run_head = run_tail = node
+                    run_list, run_start = which, block
                     node.lru_list = none
-                    if which is backed:
-                        left_backed += 1
-                    else:
-                        left_unbacked += 1
-                if maybe_dead and node.live_snapshots_below == 0:
-                    leave_dead(node.id, None)
+                else:
+                    off_list(node)
             node = node.parent  # type: ignore[assignment]  # block 0's parent is the root, not visited
-        counts = self._counts
-        counts[_BACKED] -= left_backed
-        counts[_UNBACKED] -= left_unbacked
+        if run_tail is not no_run:
+            cut(run_head, run_tail, run_list, 0, run_start, backed_spans)
+        # Pinned nodes are not dead. Counts never fall going up a path, so the nodes with no live
+        # snapshot below (the only ones that can be on the dead list) are its deepest ones.
+        for node in reversed(path):
+            if node.live_snapshots_below:
+                break
+            dead.pop(node.id, None)
         return path
 
-    def unpin_path(self, path: Sequence[BlockNode], dead: dict[NodeId, BlockNode]) -> None:
+    def _cut_run(
+        self,
+        head: LruLinks,
+        tail: LruLinks,
+        which: LruList,
+        first: int,
+        last: int,
+        backed_spans: list[tuple[int, int]],
+    ) -> None:
+        """Splice out the consecutive entries of ``which`` from ``head`` to ``tail``: path blocks ``first``
+        to ``last``, their ``lru_list`` already NONE; a host-backed run's blocks go to ``backed_spans``.
+        The run's outer links are cleared; the inner ones, among its own entries, stay stale until each
+        joins a list again (links are read only for listed entries). Mutates."""
+        before, after = head.lru_prev, tail.lru_next
+        before.lru_next = after  # type: ignore[union-attr]
+        after.lru_prev = before  # type: ignore[union-attr]
+        head.lru_prev = tail.lru_next = None
+        self._counts[which] -= last - first + 1
+        if which is _BACKED:
+            backed_spans.append((first, last))
+
+    def unpin_path(
+        self,
+        path: Sequence[BlockNode],
+        dead: dict[NodeId, BlockNode],
+        backed_spans: Sequence[tuple[int, int]] = (),
+    ) -> None:
         """A lane releases ``path`` (a chain from block 0): active_refs - 1 on every node, deepest first. A
         node left without pins joins the MRU end of the list its host copy selects, so the path is appended
         in reverse block order and its deepest block is evicted first (§9.1); with no live snapshot below
-        and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``."""
+        and a host copy it joins ``dead``. Mutates the nodes, the lists and ``dead``.
+
+        ``backed_spans`` are the block ranges ``pin_chain`` cut from the host-backed list for this pin,
+        deepest first: those nodes still have both copies and no transfer pin (a pinned node keeps its
+        device page, a node with a host copy is written by no batch and is restored by none), so when
+        their last pin goes they rejoin that list without the residency tests."""
         backed, unbacked = self._backed, self._unbacked
         last_backed, last_unbacked = backed.lru_prev, unbacked.lru_prev
-        joined_backed = joined_unbacked = 0
+        joined_unbacked = stay_off = 0  # the host-backed list gains the rest of the path
         resident, backed_list, unbacked_list = _RESIDENT, _BACKED, _UNBACKED
-        maybe_dead = bool(path) and path[-1].live_snapshots_below == 0  # as in ``pin_chain``
-        for node in reversed(path):
-            refs = node.active_refs = node.active_refs - 1
-            if refs or node.restore_pins:
-                continue
-            host_resident = node.host_state is resident
-            if node.device_state is resident:
-                if host_resident:
+        end = len(path)  # the blocks from ``end`` on are done
+        for first, last in (*backed_spans, (0, -1)):
+            # The blocks between two spans (last + 1 .. end - 1), deepest first: test each node.
+            for node in reversed(path[last + 1 : end]) if end > last + 1 else ():
+                if node.active_refs != 1 or node.restore_pins:  # still pinned afterwards: joins nothing
+                    refs = node.active_refs = node.active_refs - 1
+                    if not refs:
+                        node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
+                    stay_off += 1
+                    continue
+                node.active_refs = 0
+                if node.device_state is not resident:
+                    node.lru_prev = node.lru_next = None  # links ``pin_chain`` left stale
+                    stay_off += 1
+                elif node.host_state is resident:
                     node.lru_prev = last_backed
                     last_backed.lru_next = node  # type: ignore[union-attr]
                     node.lru_list = backed_list
                     last_backed = node
-                    joined_backed += 1
                 else:
                     node.lru_prev = last_unbacked
                     last_unbacked.lru_next = node  # type: ignore[union-attr]
                     node.lru_list = unbacked_list
                     last_unbacked = node
                     joined_unbacked += 1
-            if maybe_dead and host_resident and node.live_snapshots_below == 0:
-                dead[node.id] = node
+            for node in reversed(path[first : last + 1]):  # a span: back onto the host-backed list
+                if node.active_refs != 1:  # another lane pins it too
+                    node.active_refs -= 1
+                    stay_off += 1
+                    continue
+                node.active_refs = 0
+                node.lru_prev = last_backed
+                last_backed.lru_next = node  # type: ignore[union-attr]
+                node.lru_list = backed_list
+                last_backed = node
+            end = first
         last_backed.lru_next = backed  # type: ignore[union-attr]
         backed.lru_prev = last_backed
         last_unbacked.lru_next = unbacked  # type: ignore[union-attr]
         unbacked.lru_prev = last_unbacked
         counts = self._counts
-        counts[_BACKED] += joined_backed
+        counts[_BACKED] += len(path) - stay_off - joined_unbacked
         counts[_UNBACKED] += joined_unbacked
+        # Deepest first, as they were released: unpinned nodes with a host copy and no live snapshot
+        # below. Counts never fall going up a path, so those nodes are among its deepest ones.
+        for node in reversed(path):
+            if node.live_snapshots_below:
+                break
+            if not (node.active_refs or node.restore_pins) and node.host_state is resident:
+                dead[node.id] = node
 
     def iter_lru_first(self, which: LruList) -> Iterator[LruLinks]:
         """Entries of ``which`` from the LRU end. Pure; do not mutate the list while iterating."""

@@ -133,19 +133,27 @@ def _walk_bytes(
     start = 0
     width = 4 * BLOCK_TOKENS
     for block in range(limit):
-        bucket = node.children.get(hashes[block])
-        if bucket is None:
+        entry = node.children.get(hashes[block])
+        if entry is None:
             break
         wanted = packed[start : start + width]
         extra = 0 if extras is None else extras[block]
-        for child in bucket:
-            child_bytes = child.token_bytes
-            if child_bytes is None:  # a node no prompt has reached yet packs once
-                child_bytes = child.packed_tokens()
-            if child_bytes == wanted and child.extra == extra:
+        if entry.__class__ is list:  # lookup hashes collide: the children under it are listed
+            for child in entry:
+                child_bytes = child.token_bytes
+                if child_bytes is None:  # a node no prompt has reached yet packs once
+                    child_bytes = child.packed_tokens()
+                if child_bytes == wanted and child.extra == extra:
+                    break
+            else:
                 break
-        else:
-            break
+        else:  # a lone child, stored as itself: the common case
+            child = entry
+            child_bytes = child.token_bytes
+            if child_bytes is None:
+                child_bytes = child.packed_tokens()
+            if child_bytes != wanted or child.extra != extra:
+                break
         node = child
         path.append(child)
         start += width

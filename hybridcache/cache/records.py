@@ -88,6 +88,10 @@ _ABSENT, _RESIDENT = Residency.ABSENT, Residency.RESIDENT
 _LRU_NONE = LruList.NONE
 
 
+LIVE_BELOW_CAP = 3
+"""Where ``BlockNode.live_snapshots_below`` saturates: its readers tell 0, 1, 2 and more apart."""
+
+
 class LruLinks:
     """Intrusive doubly linked list membership shared by nodes and snapshot tails (§9.1)."""
 
@@ -103,7 +107,11 @@ class BlockNode(LruLinks):
     """One 64-token block of the tree (§5.2). Identity fields never change after insertion.
 
     Invariants: ``lru_list != NONE`` iff device RESIDENT, active_refs == 0, restore_pins == 0 (and not
-    root); ``live_snapshots_below`` counts snapshots whose anchor is this node or a descendant.
+    root); ``live_snapshots_below`` counts the snapshots whose anchor is this node or a descendant, exactly
+    up to ``LIVE_BELOW_CAP - 1`` and saturating above: it is the snapshots anchored here plus, per child,
+    ``min(child.live_snapshots_below, LIVE_BELOW_CAP)``. So it is 0, 1 or 2 exactly when that many
+    snapshots lie below, and at least ``LIVE_BELOW_CAP`` when more do; a publish or a retirement walks up
+    only while a node's capped value changes (never past a node with ``LIVE_BELOW_CAP`` below it).
     """
 
     # Slots are laid out in this order after the inherited LRU links: the fields that the walks over a path
@@ -140,7 +148,9 @@ class BlockNode(LruLinks):
         self.tokens = tokens
         self.token_bytes: bytes | None = None  # packed on first match (``packed_tokens``), never in apply
         self.extra = extra
-        self.children: dict[int, list[BlockNode]] = {}  # lookup_hash -> children (collisions listed)
+        # lookup_hash -> the child under it, or a list of them when lookup hashes collide: a lone child
+        # is stored as itself, so a committed block allocates no bucket list (``add_child``).
+        self.children: dict[int, BlockNode | list[BlockNode]] = {}
         self.device_page: PageId | None = None
         self.host_slab: SlabId | None = None
         self.device_state = _ABSENT
@@ -166,13 +176,49 @@ class BlockNode(LruLinks):
 
     def child(self, lookup_hash: int, tokens: tuple[int, ...], extra: int) -> BlockNode | None:
         """The child with exactly these tokens and extra key; the hash only selects candidates."""
-        for candidate in self.children.get(lookup_hash, ()):
+        for candidate in self.children_under(lookup_hash):
             if candidate.tokens == tokens and candidate.extra == extra:
                 return candidate
         return None
 
+    def children_under(self, lookup_hash: int) -> Sequence[BlockNode]:
+        """The children filed under ``lookup_hash`` (empty, one, or several that collide). Pure."""
+        entry = self.children.get(lookup_hash)
+        if entry is None:
+            return ()
+        return entry if entry.__class__ is list else (entry,)  # type: ignore[return-value]
+
     def iter_children(self) -> list[BlockNode]:
-        return [child for bucket in self.children.values() for child in bucket]
+        out: list[BlockNode] = []
+        for entry in self.children.values():
+            if entry.__class__ is list:
+                out += entry  # type: ignore[arg-type]
+            else:
+                out.append(entry)  # type: ignore[arg-type]
+        return out
+
+    def add_child(self, node: BlockNode) -> None:
+        """File ``node`` under its lookup hash, after any child already there. Mutates."""
+        children, key = self.children, node.lookup_hash
+        entry = children.get(key)
+        if entry is None:
+            children[key] = node
+        elif entry.__class__ is list:
+            entry.append(node)  # type: ignore[union-attr]
+        else:
+            children[key] = [entry, node]  # type: ignore[list-item]
+
+    def remove_child(self, node: BlockNode) -> None:
+        """Unfile ``node`` (a child of this node). Mutates; raises KeyError / ValueError if absent."""
+        children, key = self.children, node.lookup_hash
+        entry = children[key]
+        if entry.__class__ is list:
+            entry.remove(node)  # type: ignore[union-attr]
+            if entry:
+                return
+        elif entry is not node:
+            raise ValueError(f"node {node.id} is not a child of node {self.id}")
+        del children[key]
 
     @property
     def pinned(self) -> bool:
@@ -278,6 +324,7 @@ class Lane:
 
     __slots__ = (
         "activated",
+        "backed_spans",
         "base",
         "enabled",
         "id",
@@ -289,6 +336,7 @@ class Lane:
         "slot",
         "source",
         "table",
+        "unlisted_when_staged",
     )
 
     def __init__(self, lane_id: LaneId, enabled: bool, slot: SlotId, base: int) -> None:
@@ -304,6 +352,13 @@ class Lane:
         self.lineage: SnapshotId | None = None  # previous tap published by this lane in this prompt
         self.pending_taps: dict[int, PendingTap] = {}
         self.activated = False
+        # Until activation: the path nodes that were on no device LRU list when the lane pinned them,
+        # deepest first. Only they can lack a device page (a listed node has one, and nothing takes a
+        # pinned node's page), so LaneActivated checks just these.
+        self.unlisted_when_staged: list[BlockNode] = []
+        # Block ranges (first, last) of the staged path that left the host-backed LRU list when the lane
+        # pinned them, deepest first: at release they rejoin it without residency tests (``unpin_path``).
+        self.backed_spans: list[tuple[int, int]] = []
 
 
 class RestoreBatch:

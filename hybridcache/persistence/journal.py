@@ -22,7 +22,8 @@ import msgspec
 from hybridcache.persistence.framing import FrameDamage, FrameReader, encode_frame
 
 MAGIC = b"HCJOURNAL\x00"
-FORMAT_VERSION = 2  # 2: LaneStaged names its path by the deepest node (path_end)
+FORMAT_VERSION = 3  # 2: LaneStaged names its path by the deepest node (path_end); 3: Checkpoint digests
+# hash live_snapshots_below saturated at LIVE_BELOW_CAP (see BlockNode)
 DEFAULT_MAX_SEGMENT_BYTES = 256 << 20
 
 

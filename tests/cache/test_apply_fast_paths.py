@@ -3,7 +3,7 @@ first match, the derived cache epoch, list membership by identity, and the one-w
 
 import msgspec
 import pytest
-from cache_factories import checked_cache, geometry, match_depth, prompt, run_request, tokens
+from cache_factories import checked_cache, flush_and_land, geometry, match_depth, prompt, run_request, tokens
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.errors import EventRejected
@@ -11,12 +11,13 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.lru import DeviceLru
-from hybridcache.cache.records import BlockNode, LruList, pack_tokens
+from hybridcache.cache.records import LIVE_BELOW_CAP, BlockNode, LruList, pack_tokens
 
 
 def _cache_with_a_five_block_chain():
     cache = checked_cache()
     run_request(cache, tokens(300), generated=tokens(30, 1))  # 330 tokens: nodes 1..5, one chain
+    assert flush_and_land(cache) == 5  # every block host-backed too
     chain = cache.index.path_to(max(cache.index.nodes.values(), key=lambda n: n.depth))
     assert [n.id for n in chain] == [1, 2, 3, 4, 5]
     return cache
@@ -65,6 +66,24 @@ def test_a_staged_lane_pins_exactly_the_chain_above_its_path_end():
     assert index.lanes[1].path == index.path_to(anchored.anchor)
     assert sorted(pinned) == list(range(1, blocks + 1))
     assert all(index.nodes[i].lru_list is LruList.NONE for i in pinned)
+
+
+def test_activation_names_the_first_path_node_still_without_a_device_page():
+    cache = _cache_with_a_five_block_chain()
+    index = cache.index
+    index.apply(ev.DeviceCopiesDropped(index.seq + 1, (2, 4), ()))  # host-backed copies: host-only now
+    anchored = max(index.snapshots.values(), key=lambda s: s.frontier)
+    assert anchored.anchor.id == 5
+    slot = index.slots.peek_free()
+    index.apply(ev.LaneStaged(index.seq + 1, 1, True, slot, anchored.frontier, 5, (), anchored.id))
+    _assert_rejected(index, ev.LaneActivated(0, 1), "path node 2 has no device page")
+    pages = index.pages.free_order()[:2]
+    index.apply(ev.RestoreOpened(index.seq + 1, 60, 1, (2,), (pages[0],)))
+    _assert_rejected(index, ev.LaneActivated(0, 1), "path node 4 has no device page")
+    index.apply(ev.RestoreOpened(index.seq + 1, 61, 1, (4,), (pages[1],)))
+    index.apply(ev.LaneActivated(index.seq + 1, 1))  # restores in flight are enough: pages are mapped
+    check_integrity(index)
+    assert index.lanes[1].activated
 
 
 def test_a_restore_that_names_a_node_twice_is_rejected():
@@ -141,7 +160,9 @@ def test_a_snapshot_published_between_two_others_takes_over_the_deeper_one_as_it
     assert middle.ancestor is shallow and deep.ancestor is middle
     assert deep.id in middle.dependents and deep.id not in shallow.dependents
     index = cache.index
-    assert index.root.live_snapshots_below == len(index.snapshots)
+    # One chain: a node's count is its own snapshots plus its child's count capped at LIVE_BELOW_CAP.
+    assert len(index.snapshots) == 4 and index.root.live_snapshots_below == LIVE_BELOW_CAP
     assert middle.anchor.live_snapshots_below == sum(
         1 for s in index.snapshots.values() if s.anchor.depth >= middle.anchor.depth
     )
+    assert shallow.anchor.live_snapshots_below == 1 + LIVE_BELOW_CAP

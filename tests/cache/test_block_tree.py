@@ -13,7 +13,7 @@ from cache_factories import (
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.match import PromptInput, match
-from hybridcache.cache.records import SnapshotKind, pack_tokens
+from hybridcache.cache.records import BlockNode, SnapshotKind, pack_tokens
 
 
 def test_blocks_inserted_by_a_request_match_exactly_and_only_below_n_minus_1():
@@ -99,3 +99,22 @@ def test_the_packed_byte_walk_matches_exactly_like_the_token_walk():
         assert [n.id for n in by_bytes.path] == [n.id for n in by_tokens.path]
     with pytest.raises(ValueError, match="token_bytes"):
         match(cache.index, PromptInput([*first, 1], constant, token_bytes=pack_tokens(first)))
+
+
+def test_a_lone_child_is_filed_as_itself_and_colliding_ones_share_a_list():
+    parent = BlockNode(0, None, 0, (), 0)  # type: ignore[arg-type]
+    first, second, third = (BlockNode(i, parent, 7 if i < 3 else 8, (i,), 0) for i in (1, 2, 3))  # type: ignore[arg-type]
+    parent.add_child(first)
+    assert parent.children == {7: first} and parent.children_under(7) == (first,)
+    parent.add_child(second)  # the same lookup hash: a bucket list, in filing order
+    parent.add_child(third)
+    assert parent.children == {7: [first, second], 8: third}
+    assert parent.iter_children() == [first, second, third]
+    assert parent.child(7, (2,), 0) is second and parent.child(7, (3,), 0) is None
+    parent.remove_child(first)
+    assert list(parent.children_under(7)) == [second]
+    parent.remove_child(second)
+    parent.remove_child(third)
+    assert parent.children == {} and parent.children_under(7) == ()
+    with pytest.raises(KeyError):
+        parent.remove_child(third)

@@ -72,3 +72,10 @@ def test_a_lost_slab_owner_is_named(cache):
     cache.index.slab_owners.popitem()
     with pytest.raises(IntegrityError, match="slab owners"):
         check_integrity(cache.index)
+
+
+def test_stale_list_links_on_an_unpinned_unlisted_node_are_named(cache):
+    root = cache.index.root  # on no list by definition, never pinned
+    root.lru_next = _some_node(cache)
+    with pytest.raises(IntegrityError, match="keeps list links"):
+        check_integrity(cache.index)

@@ -4,6 +4,7 @@ from cache_factories import checked_cache, geometry, run_request, tokens
 
 from hybridcache.cache.device_eviction import plan_device_eviction
 from hybridcache.cache.events import SnapshotDeleted, SubtreeDeleted
+from hybridcache.cache.records import LIVE_BELOW_CAP
 
 
 def live_below(cache, node_id: int) -> int:
@@ -66,3 +67,24 @@ def test_unbacked_device_eviction_deletes_subtrees_deepest_first():
             cache._apply(event)
     assert deleted_depths == sorted(deleted_depths, reverse=True)
     assert len(index.nodes) == 1 and not index.snapshots and index.root.live_snapshots_below == 0
+
+
+def test_counts_saturate_above_a_node_with_more_than_two_live_snapshots_below():
+    """A node holds its own snapshots plus each child's count capped at LIVE_BELOW_CAP: exact up to two,
+    at least LIVE_BELOW_CAP beyond, so retirements walk up only while a capped count changes."""
+    cache = checked_cache(geometry(host_slabs=120, snapshot_slots=6))  # rebuilt and compared every event
+    index = cache.index
+    shared = tokens(128, seed=1)
+    endpoints = [
+        run_request(cache, shared + tokens(100, seed=2 + n), lane=n % 2)[2].endpoint for n in range(5)
+    ]
+    shared_top = index.snapshots[endpoints[0]].anchor
+    while shared_top.depth > 1:
+        shared_top = shared_top.parent
+    assert live_below(cache, shared_top.id) == 5  # five branches, one snapshot each: an exact sum
+    assert index.root.live_snapshots_below == LIVE_BELOW_CAP  # its one child's count, capped
+    seen = []
+    for endpoint in endpoints:
+        cache._apply(SnapshotDeleted(0, endpoint))
+        seen.append((live_below(cache, shared_top.id), index.root.live_snapshots_below))
+    assert seen == [(4, 3), (3, 3), (2, 2), (1, 1), (0, 0)]
