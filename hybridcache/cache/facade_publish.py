@@ -24,7 +24,7 @@ from hybridcache.cache.host_eviction import estimate_new_priority, plan_superses
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
 from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
 from hybridcache.cache.slots import plan_snapshot_slot
-from hybridcache.cache.write_back import HostWrite, blocks_to_flush, plan_write_back
+from hybridcache.cache.write_back import HostWrite, WriteBackPlan, blocks_to_flush, plan_write_back
 
 if TYPE_CHECKING:
     from hybridcache.cache.facade import Cache
@@ -214,7 +214,7 @@ class PublicationCalls(_Base):
         delete the unreachable unbacked subtrees among the coldest entries, and write the reachable ones
         to the host, copied now through ``host_copy`` and landed, so eviction drops host-backed copies
         and loses nothing a snapshot can reach. Mutates."""
-        chosen = plan_write_back(self.index, pages_needed)
+        chosen = self._plan_write_back(pages_needed)
         for node in chosen.delete:
             if self.index.nodes.get(node.id) is node:  # not inside an earlier deleted subtree
                 self.stats.evicted_device_events += 1
@@ -226,6 +226,10 @@ class PublicationCalls(_Base):
             self.host_copy(plan)
         self.stats.written_back_blocks += len(plan.blocks)
         self._apply(ev.HostWriteLanded(0, plan.batch))
+
+    def _plan_write_back(self, pages_needed: int) -> WriteBackPlan:
+        """The policy hook of ``_write_back`` (the simulator's plain-LRU baseline overrides it). Pure."""
+        return plan_write_back(self.index, pages_needed)
 
     def flush_to_host(self) -> HostWritePlan | None:
         """Open one host write for every device-only block a live snapshot can reach, parents first, as

@@ -5,9 +5,10 @@
 - ``lru``: the same snapshot placement, but plain LRU everywhere: no supersession, no GDSF, no dead-KV
   sweep. Host room goes to the least recently used host entry (a block takes its subtree with it: a
   prefix without its parent is unreachable; a snapshot image is dropped, or deleted without a device
-  copy), and a snapshot slot to the least recently used owner. ``LruCache`` overrides the facade's
-  three policy hooks (``_apply_valued`` to drop supersession events, ``_make_slot_room``,
-  ``_free_host_slabs``) and emits only existing events, so the index checks every step as usual.
+  copy), a snapshot slot to the least recently used owner, and with write-back every block the device
+  evicts goes to the host, reachable or not. ``LruCache`` overrides the facade's four policy hooks
+  (``_apply_valued`` to drop supersession events, ``_make_slot_room``, ``_free_host_slabs``,
+  ``_plan_write_back``) and emits only existing events, so the index checks every step as usual.
 - ``align``: our eviction, but a state kept only at the last block boundary each request reaches (one
   aligned tap at finish, no prompt taps, no endpoint, no tails), as engines without sparse snapshots do.
 
@@ -27,8 +28,8 @@ from hybridcache.cache.device_eviction import subtree_removable
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
-from hybridcache.cache.records import BlockNode, Residency, Snapshot
-from hybridcache.cache.write_back import HostWrite
+from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot
+from hybridcache.cache.write_back import HostWrite, WriteBackPlan
 
 
 class Policy(StrEnum):
@@ -86,6 +87,20 @@ class LruCache(Cache):
     # ------------------------------------------------------------------ facade hooks
     def _apply_valued(self, events):
         super()._apply_valued([e for e in events if not isinstance(e, ev.SnapshotSuperseded)])
+
+    def _plan_write_back(self, pages_needed: int) -> WriteBackPlan:
+        """Plain LRU demotion: the coldest unbacked blocks all go to the host, reachable or not."""
+        index = self.index
+        shortfall = pages_needed - index.num_free_pages - index.lru.count(LruList.BACKED)
+        plan = WriteBackPlan([], [])
+        if index.host is None or shortfall <= 0:
+            return plan
+        for entry in index.lru.iter_lru_first(LruList.UNBACKED):
+            if isinstance(entry, BlockNode) and entry.host_state == Residency.ABSENT:
+                plan.write.append(entry)
+                if len(plan.write) == shortfall:
+                    break
+        return plan
 
     def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
         index = self.index
