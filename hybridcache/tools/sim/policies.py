@@ -5,10 +5,11 @@
 - ``lru``: the same snapshot placement, but plain LRU everywhere: no supersession, no GDSF, no dead-KV
   sweep. Host room goes to the least recently used host entry (a block takes its subtree with it: a
   prefix without its parent is unreachable; a snapshot image is dropped, or deleted without a device
-  copy), a snapshot slot to the least recently used owner, and with write-back every block the device
-  evicts goes to the host, reachable or not. ``LruCache`` overrides the facade's four policy hooks
-  (``_apply_valued`` to drop supersession events, ``_make_slot_room``, ``_free_host_slabs``,
-  ``_plan_write_back``) and emits only existing events, so the index checks every step as usual.
+  copy), a snapshot slot to the least recently used owner, and write-back never deletes unreachable
+  blocks ahead of reachable ones (writing every evicted block, reachable or not, was measured too: 3.75x
+  the bound on the WEKA set). ``LruCache`` overrides the facade's four policy hooks (``_apply_valued`` to
+  drop supersession events, ``_make_slot_room``, ``_free_host_slabs``, ``_plan_write_back``) and emits
+  only existing events, so the index checks every step as usual.
 - ``align``: our eviction, but a state kept only at the last block boundary each request reaches (one
   aligned tap at finish, no prompt taps, no endpoint, no tails), as engines without sparse snapshots do.
 
@@ -30,6 +31,8 @@ from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
 from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot
 from hybridcache.cache.write_back import HostWrite, WriteBackPlan
+
+ABSENT = Residency.ABSENT
 
 
 class Policy(StrEnum):
@@ -89,14 +92,15 @@ class LruCache(Cache):
         super()._apply_valued([e for e in events if not isinstance(e, ev.SnapshotSuperseded)])
 
     def _plan_write_back(self, pages_needed: int) -> WriteBackPlan:
-        """Plain LRU demotion: the coldest unbacked blocks all go to the host, reachable or not."""
+        """Write-back without dead-KV reclaim: the coldest reachable unbacked blocks are written; the
+        unreachable ones are not deleted first (they go only when nothing else is left)."""
         index = self.index
         shortfall = pages_needed - index.num_free_pages - index.lru.count(LruList.BACKED)
         plan = WriteBackPlan([], [])
         if index.host is None or shortfall <= 0:
             return plan
         for entry in index.lru.iter_lru_first(LruList.UNBACKED):
-            if isinstance(entry, BlockNode) and entry.host_state == Residency.ABSENT:
+            if isinstance(entry, BlockNode) and entry.live_snapshots_below and entry.host_state == ABSENT:
                 plan.write.append(entry)
                 if len(plan.write) == shortfall:
                     break
