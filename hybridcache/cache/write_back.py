@@ -49,11 +49,11 @@ class WriteBackPlan(NamedTuple):
     delete: list[BlockNode]  # unreachable subtrees: deleted without a copy (§9.4)
 
 
-def plan_write_back(index: PrefixIndex, pages_needed: int) -> WriteBackPlan:
+def plan_write_back(index: PrefixIndex, pages_needed: int, delete_unreachable: bool = True) -> WriteBackPlan:
     """For ``pages_needed`` free pages when free plus host-backed pages fall short: the shortfall's worth
     of the least recently used unbacked blocks, each written back when a live snapshot can reach it, or
-    deleted with its (equally unreachable) subtree when none can. Pure; nothing without a host tier or
-    when nothing is short."""
+    deleted with its (equally unreachable) subtree when none can (unless not ``delete_unreachable``: then
+    unreachable blocks are passed over). Pure; nothing without a host tier or when nothing is short."""
     shortfall = pages_needed - index.num_free_pages - index.lru.count(LruList.BACKED)
     plan = WriteBackPlan([], [])
     if index.host is None or shortfall <= 0:
@@ -66,7 +66,7 @@ def plan_write_back(index: PrefixIndex, pages_needed: int) -> WriteBackPlan:
         if entry.live_snapshots_below > 0:
             if entry.host_state is absent:
                 write.append(entry)
-        elif subtree_removable(entry):
+        elif delete_unreachable and subtree_removable(entry):
             delete.append(entry)
         if len(write) + len(delete) >= shortfall:
             break

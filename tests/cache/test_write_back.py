@@ -148,3 +148,27 @@ def test_a_failed_copy_leaves_no_lane_staged_and_the_write_in_flight():
     assert not cache.index.lanes and cache.stats.written_back_blocks == 0
     (batch,) = cache.index.host_writes.values()  # opened, never landed: its blocks stay on the device
     assert batch.nodes and all(n.device_state == Residency.RESIDENT for n in batch.nodes)
+
+
+def test_without_dead_kv_reclaim_unreachable_blocks_are_passed_over_not_deleted():
+    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4))
+    _, _, kept = run_request(cache, tokens(4 * 64 + 10, seed=1), output_tokens=0)
+    insert_path(cache, tokens(6 * 64, seed=3), lane=0)  # newer than the reachable path, unreachable
+    index = cache.index
+    wanted = index.num_free_pages + index.lru.count(LruList.BACKED) + 2
+    ours = plan_write_back(index, wanted)
+    baseline = plan_write_back(index, wanted, delete_unreachable=False)
+    reachable = path_ids(cache, kept.endpoint)
+    assert ours.delete == [] and [n.id for n in ours.write] == reachable[::-1][:2]  # the colder path
+    assert baseline == ours  # nothing unreachable is colder here
+
+    cache = checked_cache(geometry(num_pages=16, snapshot_slots=4))
+    insert_path(cache, tokens(6 * 64, seed=3), lane=0)  # now the unreachable path is the colder one
+    _, _, kept = run_request(cache, tokens(4 * 64 + 10, seed=1), output_tokens=0)
+    index = cache.index
+    wanted = index.num_free_pages + index.lru.count(LruList.BACKED) + 2
+    ours = plan_write_back(index, wanted)
+    baseline = plan_write_back(index, wanted, delete_unreachable=False)
+    assert len(ours.delete) == 2 and ours.write == []
+    assert baseline.delete == []
+    assert [n.id for n in baseline.write] == path_ids(cache, kept.endpoint)[::-1][:2]

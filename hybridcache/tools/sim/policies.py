@@ -29,10 +29,8 @@ from hybridcache.cache.device_eviction import subtree_removable
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
-from hybridcache.cache.records import BlockNode, LruList, Residency, Snapshot
-from hybridcache.cache.write_back import HostWrite, WriteBackPlan
-
-ABSENT = Residency.ABSENT
+from hybridcache.cache.records import BlockNode, Residency, Snapshot
+from hybridcache.cache.write_back import HostWrite, WriteBackPlan, plan_write_back
 
 
 class Policy(StrEnum):
@@ -92,19 +90,8 @@ class LruCache(Cache):
         super()._apply_valued([e for e in events if not isinstance(e, ev.SnapshotSuperseded)])
 
     def _plan_write_back(self, pages_needed: int) -> WriteBackPlan:
-        """Write-back without dead-KV reclaim: the coldest reachable unbacked blocks are written; the
-        unreachable ones are not deleted first (they go only when nothing else is left)."""
-        index = self.index
-        shortfall = pages_needed - index.num_free_pages - index.lru.count(LruList.BACKED)
-        plan = WriteBackPlan([], [])
-        if index.host is None or shortfall <= 0:
-            return plan
-        for entry in index.lru.iter_lru_first(LruList.UNBACKED):
-            if isinstance(entry, BlockNode) and entry.live_snapshots_below and entry.host_state == ABSENT:
-                plan.write.append(entry)
-                if len(plan.write) == shortfall:
-                    break
-        return plan
+        """Write-back without dead-KV reclaim: unreachable blocks are not deleted ahead of reachable ones."""
+        return plan_write_back(self.index, pages_needed, delete_unreachable=False)
 
     def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
         index = self.index
