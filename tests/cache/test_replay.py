@@ -6,6 +6,7 @@ reproduces the identical digest, and check_integrity holds after every event (li
 
 import random
 
+import pytest
 from cache_factories import checked_cache, geometry, prompt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import Readiness
+from hybridcache.cache.write_back import HostWrite
 
 CONCURRENCY = 3
 OPERATIONS = (
@@ -33,6 +35,7 @@ OPERATIONS = (
     "land",
     "checkpoint",
 )
+WITH_FLUSH = (*OPERATIONS, "flush")  # the stop-time flush, at any moment
 
 
 class Lane:
@@ -45,13 +48,15 @@ class Lane:
 class EngineDriver:
     """Plays the engine: starts requests, prefills, decodes, taps, finishes, lands copies."""
 
-    def __init__(self, seed: int, host_slabs: int) -> None:
+    def __init__(
+        self, seed: int, host_slabs: int, host_write: HostWrite = HostWrite.BACK, num_pages: int = 48
+    ) -> None:
         self.rng = random.Random(seed)
         self.journal: list = []
         self.geometry = geometry(
-            num_pages=48, host_slabs=host_slabs, concurrency=CONCURRENCY, snapshot_slots=3
+            num_pages=num_pages, host_slabs=host_slabs, concurrency=CONCURRENCY, snapshot_slots=3
         )
-        self.cache: Cache = checked_cache(self.geometry, self.journal)
+        self.cache: Cache = checked_cache(self.geometry, self.journal, host_write=host_write)
         self.lanes: dict[int, Lane] = {}
         self.batches: list[tuple[str, int]] = []
         self.history: list[list[int]] = [self._fresh(200)]
@@ -157,6 +162,11 @@ class EngineDriver:
     def _op_checkpoint(self) -> None:
         self.cache.checkpoint()
 
+    def _op_flush(self) -> None:  # the stop before a save, at any moment
+        write = self.cache.flush_to_host()
+        if write is not None:
+            self.batches.append(("write", write.batch))
+
     def drain(self) -> None:
         for lane_id in sorted(self.lanes):
             self._finish(lane_id, "finish")
@@ -176,11 +186,12 @@ def replay(journal: list, geometry_used) -> PrefixIndex:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
-    operations=st.lists(st.sampled_from(OPERATIONS), min_size=10, max_size=70),
+    operations=st.lists(st.sampled_from(WITH_FLUSH), min_size=10, max_size=70),
     host_slabs=st.sampled_from([0, 12, 40, 200]),
+    host_write=st.sampled_from(list(HostWrite)),
 )
-def test_replaying_the_journal_reproduces_the_live_digest(seed, operations, host_slabs):
-    driver = EngineDriver(seed, host_slabs)
+def test_replaying_the_journal_reproduces_the_live_digest(seed, operations, host_slabs, host_write):
+    driver = EngineDriver(seed, host_slabs, host_write)
     for operation in operations:
         driver.step(operation)
     driver.drain()
@@ -190,11 +201,14 @@ def test_replaying_the_journal_reproduces_the_live_digest(seed, operations, host
     assert replayed.seq == len(driver.journal)
 
 
-def test_a_long_mixed_session_replays_exactly_and_ends_with_no_pins():
-    driver = EngineDriver(seed=7, host_slabs=40)
+@pytest.mark.parametrize("num_pages", [48, 32])
+def test_a_long_mixed_session_replays_exactly_and_ends_with_no_pins(num_pages: int):
+    driver = EngineDriver(seed=7, host_slabs=40, num_pages=num_pages)
     for _ in range(400):
         driver.step(driver.rng.choice(OPERATIONS))
     driver.drain()
+    if num_pages == 32:  # a device small enough that eviction writes reachable blocks back
+        assert driver.cache.stats.written_back_blocks > 0
     index = driver.cache.index
     assert not index.lanes and not index.restores and not index.host_writes
     assert all(n.active_refs == 0 and n.restore_pins == 0 for n in index.nodes.values())
