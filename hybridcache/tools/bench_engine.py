@@ -102,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="host tier of the cached engine (default: %(default)s)",
     )
     parser.add_argument(
+        "--host-write",
+        choices=("back", "through"),
+        default="back",
+        help="host write mode of the cached engine (default: %(default)s)",
+    )
+    parser.add_argument(
         "--cold-runs",
         type=int,
         default=3,
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"threads={torch.get_num_threads()}")
     print(f"prompt_tokens={args.prompt_tokens}")
     print(f"decode_tokens={args.decode_tokens}")
+    print(f"host_write={args.host_write}")
     print(f"cpus={os.cpu_count()}")
     load_start = os.getloadavg()[0]
     print(f"load_average_start={load_start:.2f}")
@@ -217,7 +224,7 @@ async def _start_engines(directory: Path, args: argparse.Namespace) -> EnginePai
     pages = -(-(args.prompt_tokens + args.decode_tokens) // 64) + 2
     engines = []
     for cache in (
-        CacheOptions(host_cache_mib=args.host_cache_mib, device_snapshot_slots=1),
+        CacheOptions(host_cache_mib=args.host_cache_mib, device_snapshot_slots=1, host_write=args.host_write),
         CacheOptions(prefix_reuse=False),
     ):
         options = EngineOptions(
