@@ -16,10 +16,7 @@ import msgspec
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import derive_tap_options
-
-HostWriteMode = Literal["back", "through"]
-"""When device-only blocks get a host copy (``cache/write_back.py``): ``back`` when the device needs room,
-``through`` when a lane releases them (spec §7.6)."""
+from hybridcache.cache.write_back import HostWrite
 
 DEFAULT_HOST_CACHE_MIB = 8192
 MAX_CONCURRENCY_LIMIT = 8
@@ -49,7 +46,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
-    host_write: HostWriteMode | None = None  # --host-write (default back)
+    host_write: HostWrite | None = None  # --host-write (default back; see cache/write_back.py)
 
 
 class EngineOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,7 +74,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_min_gap_tokens: int
     prefix_cache_file: str | None
     event_log: str | None
-    host_write: HostWriteMode = "back"
+    host_write: HostWrite = HostWrite.BACK
 
     @property
     def host_tier(self) -> bool:
@@ -152,7 +149,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_min_gap_tokens=taps.min_gap_tokens,
         prefix_cache_file=_checked_file_path(cache.prefix_cache_file, "--prefix-cache-file"),
         event_log=_checked_file_path(cache.event_log, "--event-log"),
-        host_write=cache.host_write or "back",
+        host_write=HostWrite(cache.host_write or HostWrite.BACK),
     )
     return EffectiveOptions(
         model=options.model,
@@ -215,7 +212,7 @@ def _check_cache_fields(cache: CacheOptions) -> None:
         raise OptionError("--cache-tap-ladder", f"must be at least {BLOCK_TOKENS} tokens")
     if cache.tap_min_gap_tokens is not None and cache.tap_min_gap_tokens < 0:
         raise OptionError("--cache-tap-min-gap", "must not be negative")
-    if cache.host_write not in (None, "back", "through"):
+    if cache.host_write is not None and cache.host_write not in list(HostWrite):
         raise OptionError("--host-write", f"must be back or through, not {cache.host_write!r}")
 
 

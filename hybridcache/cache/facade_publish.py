@@ -242,17 +242,13 @@ class PublicationCalls(_Base):
             return None
         if not self._free_host_slabs(len(nodes)):
             nodes = nodes[: index.host.num_free]  # as many as the tier can hold
-        # Making host room may have deleted a chosen node (a host-only ancestor was evicted) or written it.
-        absent, resident = Residency.ABSENT, Residency.RESIDENT
-        nodes = [
-            n
-            for n in nodes
-            if index.nodes.get(n.id) is n and n.host_state is absent and n.device_state is resident
-        ]
+        # Making host room may have deleted a chosen node with its host-only ancestor's subtree.
+        nodes = [n for n in nodes if index.nodes.get(n.id) is n]
         return self._open_write(nodes, [], [], len(nodes))
 
     def _plan_write(self, nodes: Sequence[BlockNode], snaps: Sequence[Snapshot]) -> HostWritePlan | None:
-        """Open one write-through batch for device-only nodes, images and tails that fit. Mutates."""
+        """Open one host write batch for the device-only ``nodes`` (THROUGH mode passes a released path,
+        BACK mode none), images and tails that fit. Mutates."""
         index = self.index
         if index.host is None:
             return None

@@ -377,7 +377,8 @@ class RestoreBatch:
 
 
 class HostWriteBatch:
-    """Device -> host write-through of nodes, snapshot images and tails (§7.6, §7.4)."""
+    """Device -> host write of nodes (write-through or write-back), snapshot images and tails (§7.6,
+    §7.4, ``cache/write_back.py``)."""
 
     __slots__ = ("images", "nodes", "tails")
 

@@ -21,7 +21,6 @@ import msgspec
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.integrity import check_integrity
-from hybridcache.cache.write_back import HostWrite
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import device_counts, host_tier_composition
@@ -71,7 +70,7 @@ class Engine:
             self.runtime.geometry,
             CacheCostModel.default(),
             journal=self.journal,
-            host_write=HostWrite(options.cache.host_write),
+            host_write=options.cache.host_write,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
         self.save_finished = threading.Event()

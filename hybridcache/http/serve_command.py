@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hybridcache.cache.write_back import HostWrite
 from hybridcache.config import (
     DEFAULT_HOST_CACHE_MIB,
     DEFAULT_MAX_CONCURRENCY,
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cache.add_argument("--event-log", default=None, help="append every cache event to this journal")
     cache.add_argument(
         "--host-write",
-        choices=("back", "through"),
+        choices=[mode.value for mode in HostWrite],
         default=None,
         help="when device-only KV blocks are copied to the Host tier: back (when the device needs room; "
         "default) or through (whenever a request releases them)",

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hybridcache.cache.write_back import HostWrite
+
 if TYPE_CHECKING:
     from hybridcache.core.api import PreparedPrompt, RequestAccounting
     from hybridcache.core.engine import Engine
@@ -103,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host-write",
-        choices=("back", "through"),
+        choices=[mode.value for mode in HostWrite],
         default="back",
         help="host write mode of the cached engine (default: %(default)s)",
     )
