@@ -53,6 +53,8 @@ BENCHMARKS = (
     ),
     Command("trace", "replay a trace against live servers, cache on vs off", "hybridcache.tools.bench_trace"),
     Command("trace-gen", "generate a deterministic JSONL trace for live runs", "hybridcache.tools.trace_gen"),
+    Command("peer", "beside llama.cpp's llama-server: prefill, decode, RSS, bandwidth limit",
+            "hybridcache.tools.bench_peer"),
     Command("gpu", "GPU tests and benchmarks on a CUDA device", None),
 )
 

@@ -13,15 +13,16 @@ from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.slab_pool import HostSlabPool, slab_bytes_for
 from hybridcache.config import EffectiveOptions, OptionError, check_host_budget
 from hybridcache.gpu.backend import CpuBackend
+from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
 from hybridcache.gpu.model import Qwen35Model, load_model
+from hybridcache.gpu.model.loader import stored_dtype
 from hybridcache.gpu.transfers import Transfers
 from hybridcache.logs import format_bytes
 
 DEFAULT_CONTEXT = 32768
 CPU_KV_SHARE = 0.25  # --kv-capacity auto on a CPU device: at most this share of physical memory
 CPU_KV_LIMIT_BYTES = 2 << 30
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,13 +32,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise OptionError("--device", f"{name} asked for, but no CUDA device is available")
     return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """`auto`: float32 on CPU (bf16 matmuls are slow there), the checkpoint's own dtype elsewhere."""
-    if name == "auto":
-        return torch.float32 if device.type == "cpu" else None
-    return DTYPES[name]
 
 
 def model_context_length(model_dir: Path) -> int:
@@ -56,9 +50,8 @@ class ModelRuntime:
 
     def __init__(self, model_dir: Path, options: EffectiveOptions) -> None:
         self.device = resolve_device(options.device)
-        self.model: Qwen35Model = load_model(
-            model_dir, resolve_dtype(options.dtype, self.device), self.device
-        )
+        self.dtype_choice = choose_dtype(options.dtype, self.device, stored_dtype(model_dir))
+        self.model: Qwen35Model = load_model(model_dir, self.dtype_choice.dtype, self.device)
         self.max_model_len = options.max_model_len or model_context_length(model_dir)
         cache = options.cache
         self.num_slots = options.max_concurrency + cache.device_snapshot_slots
@@ -100,6 +93,7 @@ class ModelRuntime:
     def ledger(self) -> list[tuple[str, object]]:
         """Startup-ledger rows for the memory this runtime holds."""
         config = self.model.config
+        committed = ", committed as used" if self.device.type == "cpu" else ", reserved"
         return [
             ("architecture", config.architecture),
             (
@@ -107,15 +101,15 @@ class ModelRuntime:
                 f"{config.num_hidden_layers} ({len(config.linear_attention_layers)} linear, "
                 f"{len(config.full_attention_layers)} full attention)",
             ),
-            ("dtype", str(self.model.dtype).removeprefix("torch.")),
+            ("dtype", f"{str(self.model.dtype).removeprefix('torch.')} ({self.dtype_choice.reason})"),
             ("device", str(self.device)),
             ("max_model_len", self.max_model_len),
             (
                 "kv_pages",
                 f"{self.num_pages} x {format_bytes(self.page_bytes)} = "
-                f"{format_bytes(self.num_pages * self.page_bytes)}",
+                f"{format_bytes(self.num_pages * self.page_bytes)} budget{committed}",
             ),
-            ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)}"),
+            ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)} budget{committed}"),
             ("host_slab", format_bytes(self.slab_bytes)),
         ]
 

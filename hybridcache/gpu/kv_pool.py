@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId
+from hybridcache.gpu.zeroed_memory import zeroed
 
 PAGE_TOKENS = BLOCK_TOKENS
 
@@ -36,7 +37,10 @@ def pages_for_tokens(num_tokens: int) -> int:
 
 
 class KvPools:
-    """The K and V planes of every full-attention layer. Mutated in place by the forward and the helpers."""
+    """The K and V planes of every full-attention layer. Mutated in place by the forward and the helpers.
+
+    On a CPU the planes commit memory as pages are first written (`zeroed_memory`), so `num_pages` is a
+    budget rather than a reservation."""
 
     def __init__(
         self,
@@ -50,8 +54,8 @@ class KvPools:
         self.layers = tuple(layers)
         self.num_pages = num_pages
         shape = (num_pages, PAGE_TOKENS, kv_heads, head_dim)
-        self.k_planes = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
-        self.v_planes = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.layers]
+        self.k_planes = [zeroed(shape, dtype, device) for _ in self.layers]
+        self.v_planes = [zeroed(shape, dtype, device) for _ in self.layers]
         plane_page_bytes = PAGE_TOKENS * kv_heads * head_dim * dtype.itemsize
         self.page_parts = _page_parts(self.layers, plane_page_bytes)
         self.page_bytes = plane_page_bytes * 2 * len(self.layers)

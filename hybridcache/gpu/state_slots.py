@@ -20,6 +20,7 @@ import torch
 
 from hybridcache.cache.ids import SlotId
 from hybridcache.gpu.kv_pool import check_byte_buffer, flat_bytes
+from hybridcache.gpu.zeroed_memory import zeroed
 
 
 class ImagePart(NamedTuple):
@@ -98,10 +99,8 @@ class StateSlots:
         self.shape = shape
         conv_shape = (num_slots, shape.conv_dim, shape.conv_width)
         rec_shape = (num_slots, shape.value_heads, shape.key_head_dim, shape.value_head_dim)
-        self.conv_planes = [torch.zeros(conv_shape, dtype=conv_dtype, device=device) for _ in self.layers]
-        self.recurrent_planes = [
-            torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in self.layers
-        ]
+        self.conv_planes = [zeroed(conv_shape, conv_dtype, device) for _ in self.layers]
+        self.recurrent_planes = [zeroed(rec_shape, torch.float32, device) for _ in self.layers]
         self.image_parts = _image_parts(self.layers, self.planes())
         self.image_bytes = sum(part.nbytes for part in self.image_parts)
 

@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="weight and KV dtype (default auto: the checkpoint's, float32 on CPU)",
+        help="weight and KV dtype (default auto: the checkpoint's; on a CPU bf16 only where native)",
     )
     model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     model.add_argument(

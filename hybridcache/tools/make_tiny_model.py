@@ -103,13 +103,16 @@ def _write_json(path: Path, document: dict[str, object]) -> None:
     path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def preset_dir(preset: str) -> Path:
-    """Where a preset (seed 0) is kept: $XDG_CACHE_HOME/hybridcache/models/PRESET-VERSION-fFORMAT.
-
-    Falls back to ~/.cache when XDG_CACHE_HOME is unset. Pure (reads the environment only).
-    """
+def cache_root() -> Path:
+    """hybridcache's folder in the user cache: $XDG_CACHE_HOME/hybridcache, ~/.cache/hybridcache when
+    XDG_CACHE_HOME is unset. Pure (reads the environment only)."""
     cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "hybridcache" / "models" / f"{preset}-{__version__}-f{BUILDER_FORMAT}"
+    return Path(cache_home) / "hybridcache"
+
+
+def preset_dir(preset: str) -> Path:
+    """Where a preset (seed 0) is kept: `cache_root()`/models/PRESET-VERSION-fFORMAT. Pure."""
+    return cache_root() / "models" / f"{preset}-{__version__}-f{BUILDER_FORMAT}"
 
 
 def ensure_preset(preset: str) -> Path:

@@ -108,8 +108,15 @@ class ServeProcess:
     def launch(cls, flags: ServeFlags, startup_timeout_s: float = 300.0) -> ServeProcess:
         """Start the child and wait until it listens. Raises ServeLaunchError when it exits or does not
         listen within `startup_timeout_s` (the child is killed then)."""
-        process = subprocess.Popen(flags.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True)
+        return cls.launch_argv(flags.command(), startup_timeout_s)
+
+    @classmethod
+    def launch_argv(
+        cls, argv: list[str], startup_timeout_s: float = 300.0, env: dict[str, str] | None = None
+    ) -> ServeProcess:
+        """`launch` for a full `hybridcache serve` command line `argv` (it must log its listening URL)."""
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True, env=env)
         log: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
         found = threading.Event()
         urls: list[str] = []

@@ -162,8 +162,8 @@ def run_prefill_then_batched_decode(model, steps: int = 3) -> list[torch.Tensor]
 
 
 def assert_packed(model) -> None:
-    assert model.layers[0].mixer.in_proj_qkv.is_mkldnn, "a Gated DeltaNet projection is not packed"
-    assert model.layers[3].mixer.q_proj.is_mkldnn, "an attention projection is not packed"
+    assert model.layers[0].mixer.in_proj.is_mkldnn, "a Gated DeltaNet projection is not packed"
+    assert model.layers[3].mixer.qkv_proj.is_mkldnn, "an attention projection is not packed"
     assert all(block.is_mkldnn for block in model.lm_head), "the lm_head is not packed"
     assert not model.embed_tokens.is_mkldnn, "embedding lookups need the plain table"
 

@@ -60,14 +60,15 @@ def test_the_transformers_checkpoint_loads_with_its_shape(dense_model):
 
 
 def test_weights_are_views_of_the_mapped_file_not_copies(dense_model, dense_checkpoint: Path):
-    """Two weights lie exactly as far apart in memory as in the file: both point into one mapping."""
+    """Two weights lie exactly as far apart in memory as in the file: both point into one mapping. (The
+    projections that one matmul call computes together are stacked copies; every other weight is a view.)"""
     entries = SafetensorsFile(dense_checkpoint / "model.safetensors").entries
-    embed, qkv = dense_model.embed_tokens, dense_model.layers[0].mixer.in_proj_qkv
+    embed, out = dense_model.embed_tokens, dense_model.layers[0].mixer.out_proj
     file_distance = (
-        entries["model.layers.0.linear_attn.in_proj_qkv.weight"].begin
+        entries["model.layers.0.linear_attn.out_proj.weight"].begin
         - entries["model.embed_tokens.weight"].begin
     )
-    assert qkv.data_ptr() - embed.data_ptr() == file_distance
+    assert out.data_ptr() - embed.data_ptr() == file_distance
 
 
 def test_the_multimodal_wrapper_loads_and_computes_the_same(wrapper_checkpoint: Path, dense_model):

@@ -37,13 +37,10 @@ class AttentionInputs(NamedTuple):
 class FullAttention(NamedTuple):
     """One full-attention layer's weights (views into the checkpoint) and its forward."""
 
-    q_proj: torch.Tensor  # [heads * head_dim * 2, hidden]: per head, the query then its gate
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
+    qkv_proj: torch.Tensor  # [heads * head_dim * 2 + 2 * kv_heads * head_dim, hidden]: q (per head the
+    # query then its gate), k and v rows in that order, one matmul call for all three
     o_proj: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
+    qkv_bias: torch.Tensor | None
     o_bias: torch.Tensor | None
     q_norm: torch.Tensor  # fp32 1 + w
     k_norm: torch.Tensor
@@ -55,15 +52,14 @@ class FullAttention(NamedTuple):
     def _project(self, x: torch.Tensor, io: AttentionInputs) -> tuple[torch.Tensor, ...]:
         """(query [t, H, D], gate [t, H*D], key [t, Hkv, D], value [t, Hkv, D]) with RoPE applied."""
         tokens = x.shape[0]
-        query_gate = linear(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
-        query, gate = query_gate.split(self.head_dim, dim=-1)
-        query = rms_norm(query, self.q_norm, self.eps)
-        key = rms_norm(
-            linear(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
-            self.k_norm,
-            self.eps,
+        kv_dim = self.kv_heads * self.head_dim
+        query_gate, key, value = linear(x, self.qkv_proj, self.qkv_bias).split(
+            (2 * self.heads * self.head_dim, kv_dim, kv_dim), dim=-1
         )
-        value = linear(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
+        query, gate = query_gate.reshape(tokens, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+        query = rms_norm(query, self.q_norm, self.eps)
+        key = rms_norm(key.reshape(tokens, self.kv_heads, self.head_dim), self.k_norm, self.eps)
+        value = value.reshape(tokens, self.kv_heads, self.head_dim)
         query = apply_rotary(query, io.cos, io.sin)
         key = apply_rotary(key, io.cos, io.sin)
         return query, gate.reshape(tokens, -1), key, value

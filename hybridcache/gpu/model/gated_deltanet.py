@@ -22,10 +22,7 @@ from hybridcache.gpu.state_slots import SlotRuns
 class GatedDeltaNet(NamedTuple):
     """One Gated DeltaNet layer's weights (views into the checkpoint, except the small fp32 `neg_a`)."""
 
-    in_proj_qkv: torch.Tensor  # [2 * key_dim + value_dim, hidden]
-    in_proj_z: torch.Tensor  # [value_dim, hidden]
-    in_proj_b: torch.Tensor  # [Hv, hidden]
-    in_proj_a: torch.Tensor  # [Hv, hidden]
+    in_proj: torch.Tensor  # [conv_dim + value_dim + 2 * Hv, hidden]: the qkv, z, b and a rows in that order
     conv_weight: torch.Tensor  # [conv_dim, kernel]
     neg_a: torch.Tensor  # fp32 -exp(A_log), [Hv]
     dt_bias: torch.Tensor  # [Hv]
@@ -38,12 +35,15 @@ class GatedDeltaNet(NamedTuple):
     eps: float
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(mixed qkv [t, conv_dim], z [t, Hv, dv], beta [t, Hv], log-decay [t, Hv] fp32)."""
-        mixed = linear(x, self.in_proj_qkv)
-        z = linear(x, self.in_proj_z).view(x.shape[0], self.value_heads, self.value_head_dim)
-        beta = torch.sigmoid(linear(x, self.in_proj_b))
-        log_decay = self.neg_a * F.softplus(linear(x, self.in_proj_a).float() + self.dt_bias)
-        return mixed, z, beta, log_decay
+        """(mixed qkv [t, conv_dim], z [t, Hv, dv], beta [t, Hv], log-decay [t, Hv] fp32), each a view
+        into one product: the four projections are one matmul call."""
+        value_dim = self.value_heads * self.value_head_dim
+        conv_dim = 2 * self.key_heads * self.key_head_dim + value_dim
+        sizes = (conv_dim, value_dim, self.value_heads, self.value_heads)
+        mixed, z, b, a = linear(x, self.in_proj).split(sizes, dim=-1)
+        z = z.view(x.shape[0], self.value_heads, self.value_head_dim)
+        log_decay = self.neg_a * F.softplus(a.float() + self.dt_bias)
+        return mixed, z, torch.sigmoid(b), log_decay
 
     def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split `[t, conv_dim]` into q `[t, Hk, dk]`, k `[t, Hk, dk]`, v `[t, Hv, dv]`."""

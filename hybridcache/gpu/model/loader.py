@@ -69,6 +69,21 @@ class _Reader:
         self.weights.release(name)
         return packed
 
+    def fused_matmul_weight(self, parts: list[tuple[str, int]], columns: int) -> torch.Tensor:
+        """The weights `parts` (name, rows), each `[rows, columns]`, stacked by rows into one `[sum rows,
+        columns]` weight for `linear` (packed when packing); the sources' mapped pages are released once
+        copied, so one resident copy remains."""
+        stacked = torch.cat([self.get(name, rows, columns) for name, rows in parts])
+        for name, _ in parts:
+            self.weights.release(name)
+        return pack_weight(stacked) if self.pack else stacked
+
+    def fused_bias(self, parts: list[tuple[str, int]]) -> torch.Tensor | None:
+        """The biases of `parts` concatenated (None when the first has none)."""
+        if not self.weights.has(parts[0][0]):
+            return None
+        return torch.cat([self.get(name, rows) for name, rows in parts])
+
     def matmul_row_blocks(self, name: str, *shape: int) -> tuple[torch.Tensor, ...]:
         """A large `[out, in]` weight as blocks of `ROW_BLOCK` output rows, each packed and its source pages
         released before the next is read (one whole plain view when not packing)."""
@@ -103,12 +118,7 @@ def load_model(
     config = read_model_config(directory / CONFIG_FILE)
     weights = CheckpointWeights(directory)
     prefix = config.weight_prefix
-    stored = (
-        weights.tensor(prefix + "embed_tokens.weight").dtype
-        if weights.has(prefix + "embed_tokens.weight")
-        else None
-    )
-    dtype = dtype or stored or torch.float32
+    dtype = dtype or _stored_dtype(weights, config) or torch.float32
     device = torch.device(device)
     pack = can_pack(dtype, device) if pack_weights is None else pack_weights
     reader = _Reader(weights, dtype, device, pack)
@@ -121,6 +131,18 @@ def load_model(
         head_name = prefix + "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         lm_head = reader.matmul_row_blocks(head_name, config.vocab_size, config.hidden_size)
     return Qwen35Model(config, embed, layers, final_norm, lm_head)
+
+
+def stored_dtype(directory: Path | str) -> torch.dtype | None:
+    """The dtype the checkpoint in `directory` stores its embedding in (None when it has none). Reads only
+    the headers. Raises `CheckpointError`."""
+    directory = Path(directory)
+    return _stored_dtype(CheckpointWeights(directory), read_model_config(directory / CONFIG_FILE))
+
+
+def _stored_dtype(weights: CheckpointWeights, config: ModelConfig) -> torch.dtype | None:
+    name = config.weight_prefix + "embed_tokens.weight"
+    return weights.tensor(name).dtype if weights.has(name) else None
 
 
 def _decoder_layer(reader: _Reader, config: ModelConfig, index: int) -> DecoderLayer:
@@ -154,14 +176,11 @@ def _attention(reader: _Reader, config: ModelConfig, name: str) -> FullAttention
         config.head_dim,
     )
     bias = config.attention_bias
+    rows = {"q_proj": 2 * heads * head_dim, "k_proj": kv_heads * head_dim, "v_proj": kv_heads * head_dim}
     return FullAttention(
-        q_proj=reader.matmul_weight(name + "q_proj.weight", 2 * heads * head_dim, hidden),
-        k_proj=reader.matmul_weight(name + "k_proj.weight", kv_heads * head_dim, hidden),
-        v_proj=reader.matmul_weight(name + "v_proj.weight", kv_heads * head_dim, hidden),
+        qkv_proj=reader.fused_matmul_weight([(f"{name}{p}.weight", n) for p, n in rows.items()], hidden),
         o_proj=reader.matmul_weight(name + "o_proj.weight", hidden, heads * head_dim),
-        q_bias=reader.get(name + "q_proj.bias", 2 * heads * head_dim) if bias else None,
-        k_bias=reader.get(name + "k_proj.bias", kv_heads * head_dim) if bias else None,
-        v_bias=reader.get(name + "v_proj.bias", kv_heads * head_dim) if bias else None,
+        qkv_bias=reader.fused_bias([(f"{name}{p}.bias", n) for p, n in rows.items()]) if bias else None,
         o_bias=reader.get(name + "o_proj.bias", hidden) if bias else None,
         q_norm=norm_scale(reader.get(name + "q_norm.weight", head_dim)),
         k_norm=norm_scale(reader.get(name + "k_norm.weight", head_dim)),
@@ -181,11 +200,14 @@ def _gated_deltanet(reader: _Reader, config: ModelConfig, name: str) -> GatedDel
             reader.weights.file_of(name + "A_log"),
             f"weight {name + 'A_log'!r} has shape {list(a_log.shape)}, expected [{value_heads}]",
         )
+    projections = [
+        (name + "in_proj_qkv.weight", config.conv_dim),
+        (name + "in_proj_z.weight", config.linear_value_dim),
+        (name + "in_proj_b.weight", value_heads),
+        (name + "in_proj_a.weight", value_heads),
+    ]
     return GatedDeltaNet(
-        in_proj_qkv=reader.matmul_weight(name + "in_proj_qkv.weight", config.conv_dim, hidden),
-        in_proj_z=reader.matmul_weight(name + "in_proj_z.weight", config.linear_value_dim, hidden),
-        in_proj_b=reader.matmul_weight(name + "in_proj_b.weight", value_heads, hidden),
-        in_proj_a=reader.matmul_weight(name + "in_proj_a.weight", value_heads, hidden),
+        in_proj=reader.fused_matmul_weight(projections, hidden),
         conv_weight=conv.squeeze(1),
         neg_a=-a_log.float().exp().to(reader.device),
         dt_bias=reader.get(name + "dt_bias", value_heads),
@@ -200,9 +222,9 @@ def _gated_deltanet(reader: _Reader, config: ModelConfig, name: str) -> GatedDel
 
 
 def _mlp(reader: _Reader, name: str, hidden: int, intermediate: int) -> SwiGluMlp:
+    gate_up = [(name + "gate_proj.weight", intermediate), (name + "up_proj.weight", intermediate)]
     return SwiGluMlp(
-        gate_proj=reader.matmul_weight(name + "gate_proj.weight", intermediate, hidden),
-        up_proj=reader.matmul_weight(name + "up_proj.weight", intermediate, hidden),
+        gate_up_proj=reader.fused_matmul_weight(gate_up, hidden),
         down_proj=reader.matmul_weight(name + "down_proj.weight", hidden, intermediate),
     )
 
@@ -225,8 +247,7 @@ def _experts(reader: _Reader, config: ModelConfig, name: str) -> tuple[SwiGluMlp
         gate_up = reader.get(name + "gate_up_proj", experts, 2 * inner, hidden)
         down = reader.get(name + "down_proj", experts, hidden, inner)
         fused = tuple(
-            SwiGluMlp(*(reader.pack_slice(w) for w in (gate_up[e, :inner], gate_up[e, inner:], down[e])))
-            for e in range(experts)
+            SwiGluMlp(reader.pack_slice(gate_up[e]), reader.pack_slice(down[e])) for e in range(experts)
         )
         if reader.pack:
             reader.weights.release(name + "gate_up_proj")
