@@ -17,21 +17,42 @@ from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import apply_rotary
 
+ContextRows = slice | torch.Tensor
+"""The rows of one lane's context, in order, in a plane viewed as `[num_pages * 64, kv_heads, head_dim]`: a
+slice when the lane's pages are consecutive (read in place, no copy), else an int64 index (gathered)."""
+
 
 class AttentionInputs(NamedTuple):
     """Where the forward's tokens go and what they see.
 
-    Prefill (one lane, `n` tokens, context `T` = start + n): `write_index [n]` and `read_index [T]` are flat
-    rows of a plane viewed as `[num_pages * 64, kv_heads, head_dim]`; `mask` is `[n, T]` bool, or None when
-    the chunk starts at 0 (plain causal). Decode (`B` lanes, one token each): `write_index [B]`,
-    `read_index [B, L]` (L = longest context), `mask [B, 1, 1, L]`, or None when every lane sees all `L`.
+    `write_index` holds the flat plane row of each new token (`[n]` for a prefill chunk of one lane, `[B]`
+    for decode, one token per lane). `contexts` holds, per lane, the rows of its whole context up to and
+    including its new tokens. `mask` (prefill only) is `[n, T]` bool, or None when the chunk starts at 0
+    and the chunk is its own context (plain causal).
     """
 
     cos: torch.Tensor
     sin: torch.Tensor
     write_index: torch.Tensor
-    read_index: torch.Tensor
+    contexts: tuple[ContextRows, ...]
     mask: torch.Tensor | None
+
+
+def context_rows(
+    table: list[int], length: int, page_tokens: int, device: torch.device | str = "cpu"
+) -> ContextRows:
+    """The rows of the first `length` positions of a lane whose pages are `table`. Pure."""
+    pages = -(-length // page_tokens)
+    first = table[0]
+    if table[:pages] == list(range(first, first + pages)):
+        return slice(first * page_tokens, first * page_tokens + length)
+    page = torch.as_tensor(table[:pages], dtype=torch.long, device=device)
+    offsets = torch.arange(page_tokens, dtype=torch.long, device=device)
+    return (page[:, None] * page_tokens + offsets).reshape(-1)[:length]
+
+
+def _read(flat: torch.Tensor, rows: ContextRows) -> torch.Tensor:
+    return flat[rows] if isinstance(rows, slice) else flat.index_select(0, rows)
 
 
 class FullAttention(NamedTuple):
@@ -89,7 +110,7 @@ class FullAttention(NamedTuple):
         query, gate, key, value = self._project(x, io)
         flat_k, flat_v = self._write(planes, key, value, io)
         if io.mask is not None:
-            key, value = flat_k.index_select(0, io.read_index), flat_v.index_select(0, io.read_index)
+            key, value = _read(flat_k, io.contexts[0]), _read(flat_v, io.contexts[0])
         attended = F.scaled_dot_product_attention(
             query.transpose(0, 1).unsqueeze(0),
             key.transpose(0, 1).unsqueeze(0),
@@ -106,23 +127,24 @@ class FullAttention(NamedTuple):
     ) -> torch.Tensor:
         """`x [B, hidden]`, one token per lane -> `[B, hidden]`; writes each token's K/V into its page.
 
-        The query heads that share a KV head attend as that head's query rows (`[B, Hkv, group, D]`), so each
-        lane's keys and values are read once per KV head rather than once per query head.
+        Each lane attends over its own context alone (no padding to the longest lane, no mask), read in
+        place where its pages are consecutive, so a lane's result does not depend on the other lanes of its
+        batch. The query heads that share a KV head attend as that head's query rows (`[1, Hkv, group, D]`),
+        so the keys and values are read once per KV head rather than once per query head.
         """
         lanes = x.shape[0]
         query, gate, key, value = self._project(x, io)
         flat_k, flat_v = self._write(planes, key, value, io)
-        attended = F.scaled_dot_product_attention(
-            query.view(lanes, self.kv_heads, self.heads // self.kv_heads, self.head_dim),
-            self._gather(flat_k, io.read_index),
-            self._gather(flat_v, io.read_index),
-            attn_mask=io.mask,
-            scale=self.head_dim**-0.5,
+        grouped = query.view(lanes, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
+        attended = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    grouped[lane : lane + 1],
+                    _read(flat_k, rows).transpose(0, 1).unsqueeze(0),
+                    _read(flat_v, rows).transpose(0, 1).unsqueeze(0),
+                    scale=self.head_dim**-0.5,
+                )
+                for lane, rows in enumerate(io.contexts)
+            ]
         )
         return self._finish(attended.reshape(lanes, -1), gate)
-
-    def _gather(self, flat: torch.Tensor, read_index: torch.Tensor) -> torch.Tensor:
-        """Rows `read_index [B, L]` of a flat plane as `[B, Hkv, L, D]` (a copy; a strided view of it)."""
-        lanes, context = read_index.shape
-        rows = flat.index_select(0, read_index.reshape(-1))
-        return rows.view(lanes, context, self.kv_heads, self.head_dim).transpose(1, 2)

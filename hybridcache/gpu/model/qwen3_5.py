@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from hybridcache.cache.ids import PageId, SlotId
 from hybridcache.gpu.kv_pool import PAGE_TOKENS, KvPools, pages_for_tokens
-from hybridcache.gpu.model.attention import AttentionInputs, FullAttention
+from hybridcache.gpu.model.attention import AttentionInputs, FullAttention, context_rows
 from hybridcache.gpu.model.config import ModelConfig
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
 from hybridcache.gpu.model.linear import linear
@@ -181,29 +181,33 @@ class Qwen35Model:
         table = torch.as_tensor(
             list(block_table[: pages_for_tokens(end)]), dtype=torch.long, device=self.device
         )
-        context = torch.arange(end, device=self.device)
-        rows = table[context // PAGE_TOKENS] * PAGE_TOKENS + context % PAGE_TOKENS
-        mask = None if start == 0 else context[None, :] <= positions[:, None]
+        write = table[positions // PAGE_TOKENS] * PAGE_TOKENS + positions % PAGE_TOKENS
+        if start == 0:
+            context, mask = write, None  # the chunk is its whole context: attends to its own keys
+        else:
+            context = context_rows(list(block_table), end, PAGE_TOKENS, self.device)
+            mask = torch.arange(end, device=self.device)[None, :] <= positions[:, None]
         cos, sin = self.rotary.cos_sin(positions, end, self.dtype)
-        return AttentionInputs(cos, sin, rows[start:], rows, mask)
+        return AttentionInputs(cos, sin, write, (context,), mask)
 
     def _decode_inputs(
         self, positions: Sequence[int], block_tables: Sequence[Sequence[PageId]]
     ) -> AttentionInputs:
-        longest = max(positions) + 1
-        width = pages_for_tokens(longest)
-        padded = [list(table[:width]) + [0] * (width - len(table[:width])) for table in block_tables]
         for table, position in zip(block_tables, positions):
             _check_covers(table, position + 1)
-        tables = torch.as_tensor(padded, dtype=torch.long, device=self.device)  # [B, width]
-        context = torch.arange(longest, device=self.device)
-        rows = tables[:, context // PAGE_TOKENS] * PAGE_TOKENS + context % PAGE_TOKENS  # [B, L]
         where = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
-        every_lane_sees_all = min(positions) == longest - 1
-        mask = None if every_lane_sees_all else (context[None, :] <= where[:, None])[:, None, None, :]
-        write = rows.gather(1, where[:, None]).squeeze(1)
-        cos, sin = self.rotary.cos_sin(where, longest, self.dtype)
-        return AttentionInputs(cos, sin, write, rows, mask)
+        pages = torch.as_tensor(
+            [table[position // PAGE_TOKENS] for table, position in zip(block_tables, positions)],
+            dtype=torch.long,
+            device=self.device,
+        )
+        write = pages * PAGE_TOKENS + where % PAGE_TOKENS
+        contexts = tuple(
+            context_rows(list(table), position + 1, PAGE_TOKENS, self.device)
+            for table, position in zip(block_tables, positions)
+        )
+        cos, sin = self.rotary.cos_sin(where, max(positions) + 1, self.dtype)
+        return AttentionInputs(cos, sin, write, contexts, None)
 
 
 def _check_covers(block_table: Sequence[PageId], end: int) -> None:
