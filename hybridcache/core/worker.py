@@ -35,6 +35,7 @@ from hybridcache.core.lanes import LaneState
 from hybridcache.core.requests import Phase, Request
 from hybridcache.core.worker_stats import WorkerCounters
 from hybridcache.gpu.backend import DeviceError, DeviceEvent
+from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.sampler import LaneSamplingState, SampleResult, is_stop, sample
 from hybridcache.gpu.transfers import ImageCopy
 from hybridcache.logs import get_logger
@@ -102,6 +103,8 @@ class Worker:
             min_gap_tokens=cache_options.tap_min_gap_tokens,
         )
         self._eos = engine.eos_token_ids
+        self._trim_heap = heap_trimmer()
+        self._busy_since_trim = False
 
     # -- inbox ------------------------------------------------------------------------------------
     def post(self, action: Callable[[], None]) -> None:
@@ -132,8 +135,10 @@ class Worker:
                 if unit is None:
                     if self.engine.debug_integrity:
                         check_integrity(self.cache.index)
+                    self._trim_heap_once()
                     await self._idle()
                     continue
+                self._busy_since_trim = True
                 await unit
                 self._maybe_checkpoint()
                 if self.engine.debug_integrity:
@@ -143,6 +148,13 @@ class Worker:
             self._fail_everything(RequestError("internal", f"the engine failed: {error}"))
             raise
         self._shutdown()
+
+    def _trim_heap_once(self) -> None:
+        """After work, give the freed heap back to the OS (on the compute thread, not awaited: a request
+        arriving meanwhile queues behind it for at most tens of milliseconds)."""
+        if self._busy_since_trim and self._trim_heap is not None:
+            self._busy_since_trim = False
+            asyncio.get_running_loop().run_in_executor(self.compute, self._trim_heap)
 
     def _maybe_checkpoint(self) -> None:
         """With an event log, record the index digest every few thousand events (replay proves it)."""

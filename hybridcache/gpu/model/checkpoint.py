@@ -53,7 +53,7 @@ class SafetensorsFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._mapping = _map_file(path)
-        self._data_start, self.entries = _parse_header(path, self._mapping)
+        self.data_start, self.entries = _parse_header(path, self._mapping)
 
     def tensor(self, name: str) -> torch.Tensor:
         """A zero-copy view of tensor `name` (raises KeyError when absent). Does not mutate."""
@@ -62,7 +62,7 @@ class SafetensorsFile:
         if nbytes == 0:
             return torch.empty(entry.shape, dtype=entry.dtype)
         raw = torch.frombuffer(
-            self._mapping, dtype=torch.uint8, count=nbytes, offset=self._data_start + entry.begin
+            self._mapping, dtype=torch.uint8, count=nbytes, offset=self.data_start + entry.begin
         )
         return raw.view(entry.dtype).reshape(entry.shape)
 
@@ -76,8 +76,8 @@ class SafetensorsFile:
         entry = self.entries[name]
         row_bytes = (entry.end - entry.begin) // max(entry.shape[0], 1) if entry.shape else 0
         first, stop, _ = rows.indices(entry.shape[0] if entry.shape else 0)
-        start = self._data_start + entry.begin + first * row_bytes
-        end = self._data_start + entry.begin + stop * row_bytes
+        start = self.data_start + entry.begin + first * row_bytes
+        end = self.data_start + entry.begin + stop * row_bytes
         page = mmap.PAGESIZE
         low, high = -(-start // page) * page, end // page * page
         if high > low:
@@ -125,6 +125,15 @@ class CheckpointWeights:
         """
         self.tensor(name)  # maps the file and checks the name
         self._files[self._owner[name]].release(name, rows)
+
+    def location(self, name: str) -> tuple[Path, int, TensorEntry]:
+        """(file, byte offset of the tensor's first element in it, entry) of weight `name`. Raises
+        `CheckpointError` when it is missing."""
+        self.tensor(name)  # maps the file and checks the name
+        path = self._owner[name]
+        file = self._files[path]
+        entry = file.entries[name]
+        return path, file.data_start + entry.begin, entry
 
     def nbytes(self) -> int:
         """Total bytes of the weight files (what memory-mapping all of them costs at most)."""

@@ -16,6 +16,7 @@ import torch
 from hybridcache.gpu.model.attention import FullAttention
 from hybridcache.gpu.model.checkpoint import CheckpointWeights
 from hybridcache.gpu.model.config import FULL_ATTENTION, ModelConfig, read_model_config
+from hybridcache.gpu.model.embedding_rows import EmbeddingRows
 from hybridcache.gpu.model.errors import CheckpointError
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
 from hybridcache.gpu.model.linear import can_pack, pack_weight
@@ -130,7 +131,15 @@ def load_model(
     else:
         head_name = prefix + "embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         lm_head = reader.matmul_row_blocks(head_name, config.vocab_size, config.hidden_size)
-    return Qwen35Model(config, embed, layers, final_norm, lm_head)
+    rows = _embedding_rows(weights, prefix + "embed_tokens.weight", dtype) if pack else None
+    return Qwen35Model(config, embed, layers, final_norm, lm_head, rows)
+
+
+def _embedding_rows(weights: CheckpointWeights, name: str, dtype: torch.dtype) -> EmbeddingRows:
+    """Lookups that read rows from the file (see embedding_rows.py); the table's mapped pages are dropped."""
+    path, offset, entry = weights.location(name)
+    weights.release(name)
+    return EmbeddingRows(path, offset, entry.shape[0], entry.shape[1], entry.dtype, dtype)
 
 
 def stored_dtype(directory: Path | str) -> torch.dtype | None:

@@ -18,6 +18,7 @@ from hybridcache.cache.ids import PageId, SlotId
 from hybridcache.gpu.kv_pool import PAGE_TOKENS, KvPools, pages_for_tokens
 from hybridcache.gpu.model.attention import AttentionInputs, FullAttention, context_rows
 from hybridcache.gpu.model.config import ModelConfig
+from hybridcache.gpu.model.embedding_rows import EmbeddingRows
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.mlp import SwiGluMlp
@@ -49,9 +50,11 @@ class Qwen35Model:
         layers: Sequence[DecoderLayer],
         final_norm: torch.Tensor,
         lm_head: Sequence[torch.Tensor],
+        embed_rows: EmbeddingRows | None = None,
     ) -> None:
         self.config = config
         self.embed_tokens = embed_tokens
+        self.embed_rows = embed_rows  # when set, lookups read the rows from the file instead of the table
         self.layers = tuple(layers)
         self.final_norm = final_norm
         self.lm_head = tuple(lm_head)  # vocabulary row blocks (plain or packed) in order
@@ -112,7 +115,7 @@ class Qwen35Model:
             raise ValueError("prefill needs at least one token")
         io = self._prefill_inputs(start_pos, end, block_table)
         fresh = start_pos == 0
-        hidden = F.embedding(ids, self.embed_tokens)
+        hidden = self._embed(ids)
         for index, layer in enumerate(self.layers):
             if layer_hook is not None:
                 layer_hook(index)
@@ -149,7 +152,7 @@ class Qwen35Model:
             raise ValueError("decode needs one position, block table and slot per token")
         slot_runs = plan_slot_runs(slots, self.device)
         io = self._decode_inputs(positions, block_tables)
-        hidden = F.embedding(ids, self.embed_tokens)
+        hidden = self._embed(ids)
         for index, layer in enumerate(self.layers):
             if layer_hook is not None:
                 layer_hook(index)
@@ -166,6 +169,9 @@ class Qwen35Model:
         return self._logits(hidden)
 
     # -- pieces ---------------------------------------------------------------------------------------
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_tokens) if self.embed_rows is None else self.embed_rows.lookup(ids)
 
     def _feed_forward(self, layer: DecoderLayer, residual: torch.Tensor) -> torch.Tensor:
         return residual + layer.feed_forward(rms_norm(residual, layer.post_norm, self.config.rms_norm_eps))
