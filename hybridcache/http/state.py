@@ -55,8 +55,8 @@ class ServerState:
     def check_model(self, model: str) -> None:
         """Raises ApiError 404 unless `model` is the served name (or the engine's own name)."""
         if model not in (self.served_model_name, self.engine.model_name):
-            raise ApiError(404, f"The model `{model}` does not exist.", "not_found", "model",
-                           "model_not_found")
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves "
+                           f"`{self.served_model_name}`.", "not_found", "model", "model_not_found")
 
 
 STATE_KEY = web.AppKey("hybridcache_server_state", ServerState)

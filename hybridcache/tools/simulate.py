@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m hybridcache.tools.simulate``)."""
-    parser = argparse.ArgumentParser(prog="hybridcache simulate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hybridcache simulate", description=__doc__, allow_abbrev=False)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
