@@ -44,8 +44,8 @@ class ServerState:
         self.engine = engine
         self.frontend = frontend
         self.options = options
-        self.metrics = ServerMetrics()
         self.served_model_name = options.served_model_name or engine.model_name
+        self.metrics = ServerMetrics(engine.stats, self.served_model_name)
         self.created_at = int(time.time())
 
     @property
