@@ -25,7 +25,24 @@ SORT_KEYS = ("id", "frontier", "kind", "hits", "h", "bytes", "path")
 _SORT_FIELD = {"path": "path_blocks"}
 
 
+COLUMNS_HELP = """\
+the snapshot table, one row per recurrent-state snapshot in the file:
+  id        the snapshot's id (for --decode snapshot:ID)
+  frontier  the prompt position it resumes at, in tokens (64 * path + tail)
+  kind      where it was taken: tap (a ladder point during prefill), boundary (a message or system
+            boundary, an explicit breakpoint), endpoint (the end of a request: prompt and output)
+  hits      how many requests resumed from it
+  H         its host-eviction value (GDSF: L + hits-weighted prefill seconds saved per byte held);
+            the host tier evicts the lowest H first
+  bytes     its image and tail slabs on the host
+  path      whole 64-token blocks from the root to its anchor block (the KV it needs)
+  tail      tokens past the last whole block, kept in its tail slab (0..63)
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = COLUMNS_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("file", type=Path, help="the prefix-cache file")
     parser.add_argument("--sort", choices=SORT_KEYS, default="frontier", help="snapshot table order")
     parser.add_argument("--reverse", action="store_true", help="sort descending")
