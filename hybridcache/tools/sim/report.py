@@ -62,9 +62,10 @@ SWEEP_COLUMNS = (
     "host_cache_mib",
     "computed_tokens",
     "computed_vs_bound",
-    "reused_tokens_device",
-    "reused_tokens_host",
-    "restored_bytes",
+    "reused_tokens_device_kv",
+    "reused_tokens_host_kv",
+    "restored_kv_bytes",
+    "restored_state_bytes",
     "wall_seconds",
 )
 
@@ -80,9 +81,10 @@ def sweep_table(points: Sequence[SweepPoint]) -> list[str]:
                 str(point.host_cache_mib),
                 str(c.computed_tokens),
                 f"{point.result.computed_vs_bound:.4f}",
-                str(c.reused_tokens_device),
-                str(c.reused_tokens_host),
-                str(c.restored_bytes),
+                str(c.reused_tokens_device_kv),
+                str(c.reused_tokens_host_kv),
+                str(c.restored_kv_bytes),
+                str(c.restored_state_bytes),
                 f"{point.result.wall_seconds:.1f}",
             ]
         )
