@@ -125,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(sweep_table(points)))
     print(f"bound_tokens={points[0].result.bound_tokens}")
     if args.plot is not None:
-        title = f"{Path(trace.name).name}: {args.model_shape}, {args.users} users"
+        sources = Path(args.traces[0]).name if len(args.traces) == 1 else f"{len(args.traces)} trace paths"
+        title = (f"{sources} ({len(trace.conversations)} conversations): {args.model_shape}, "
+                 f"{args.users} users")
         plot_sweep(points, points[0].result.bound_tokens, title, args.plot)
         print(f"plot={args.plot}")
     return 0
