@@ -50,6 +50,7 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("event_log", cache.event_log or "none"),
         ("host_write", cache.host_write if cache.host_tier else "off"),
         ("api_keys", len(server.api_keys)),
+        ("default_max_tokens", server.default_max_tokens),
     ]
 
 

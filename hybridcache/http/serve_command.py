@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--model",
         default=None,
-        help="Hugging Face checkpoint directory (default: the embedded tiny checkpoint)",
+        help="a local Hugging Face checkpoint directory; nothing is downloaded "
+        "(default: the embedded tiny checkpoint)",
     )
     model.add_argument(
         "--dtype",
