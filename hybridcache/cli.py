@@ -7,14 +7,17 @@ A command module exposes `add_arguments(parser)` and `run(args) -> int`. Command
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from hybridcache import __version__
 
 NOT_IMPLEMENTED_EXIT = 2
+USAGE_ERROR_EXIT = 2  # argparse's own exit code for usage errors
+TOP_LEVEL_OPTIONS = ("-h", "--help", "--version")
 
 
 class Command(NamedTuple):
@@ -59,14 +62,23 @@ BENCHMARKS = (
 )
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line naming the command and pointing at --help
+    (the full usage of `serve` is a screen long and hides the error). Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser for `argv`: only the command named in it loads its module (so --help stays fast)."""
     words = [word for word in argv if not word.startswith("-")]
     selected = words[0] if words else None
     bench_selected = words[1] if selected == "bench" and len(words) > 1 else None
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="hybridcache",
         description="An inference server for hybrid (Qwen3.5) models with an exact hybrid prefix cache.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"hybridcache {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -74,6 +86,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         _add_command(commands, command, load=command.name == selected)
     bench = commands.add_parser(
         "bench",
+        allow_abbrev=False,
         help="benchmarks that print name=value lines",
         description=(
             "Benchmarks. Each prints one name=value per line, with ratios measured side by side in one run."
@@ -89,6 +102,7 @@ def _add_command(subparsers: argparse._SubParsersAction, command: Command, load:
     if command.module is None:
         sub = subparsers.add_parser(
             command.name,
+            allow_abbrev=False,
             help=f"{command.summary} (not implemented yet)",
             description=f"{command.summary}. Not implemented yet: this command exits {NOT_IMPLEMENTED_EXIT}.",
         )
@@ -96,12 +110,16 @@ def _add_command(subparsers: argparse._SubParsersAction, command: Command, load:
         sub.set_defaults(handler=_not_implemented(command.name))
         return
     if not load:
-        subparsers.add_parser(command.name, help=command.summary, description=command.summary)
+        subparsers.add_parser(
+            command.name, allow_abbrev=False, help=command.summary, description=command.summary
+        )
         return
     module = importlib.import_module(command.module)
-    sub = subparsers.add_parser(command.name, help=command.summary, description=_describe(module, command))
+    sub = subparsers.add_parser(
+        command.name, allow_abbrev=False, help=command.summary, description=_describe(module, command)
+    )
     module.add_arguments(sub)
-    sub.set_defaults(handler=module.run)
+    sub.set_defaults(handler=module.run, command_parser=sub)
 
 
 def _describe(module: object, command: Command) -> str:
@@ -117,7 +135,46 @@ def _not_implemented(name: str):
     return handler
 
 
+def unknown_arguments_message(unknown: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """'unrecognized arguments: ...', naming the closest flag when one is near (flags are never
+    abbreviated, so `--prefix-cache` is an error, not `--prefix-cache-file`). Pure."""
+    message = "unrecognized arguments: " + " ".join(unknown)
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    for word in unknown:
+        close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+        if word.startswith("--") and close:
+            return f"{message}; did you mean {close[0]}? (flags are never abbreviated)"
+    return message
+
+
+def misplaced_options_hint(argv: Sequence[str]) -> str | None:
+    """A hint when options come before the sub-command (``hybridcache --port 8001 serve``), else None.
+
+    Only `--help` and `--version` belong before the sub-command; argparse alone would report the option's
+    value as an invalid command. Pure.
+    """
+    if not argv or not argv[0].startswith("-") or argv[0] in TOP_LEVEL_OPTIONS:
+        return None
+    names = {command.name for command in COMMANDS} | {"bench"}
+    at = next((i for i, word in enumerate(argv) if word in names), None)
+    if at is None:
+        return "put options after the sub-command: hybridcache COMMAND [options] (see hybridcache --help)"
+    words = list(argv[at:at + 1])
+    if argv[at] == "bench" and at + 1 < len(argv) and not argv[at + 1].startswith("-"):
+        words.append(argv[at + 1])
+    rest = [*argv[:at], *argv[at + len(words):]]
+    return "put options after the sub-command: " + " ".join(["hybridcache", *words, *rest])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    hint = misplaced_options_hint(argv)
+    if hint is not None:
+        print(f"hybridcache: error: {hint}", file=sys.stderr)
+        return USAGE_ERROR_EXIT
+    parser = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command_parser = getattr(args, "command_parser", parser)
+        command_parser.error(unknown_arguments_message(unknown, command_parser))
     return int(args.handler(args) or 0)

@@ -70,6 +70,8 @@ class RequestAccounting(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int = 0
     taps_taken: int = 0
     taps_skipped: int = 0
+    # prompt tokens in whole blocks this request inserted into the block tree (Anthropic cache_creation)
+    inserted_prompt_tokens: int = 0
 
 
 class RequestOutput(msgspec.Struct, frozen=True, kw_only=True):

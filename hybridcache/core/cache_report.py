@@ -3,42 +3,48 @@
 from __future__ import annotations
 
 from hybridcache.cache.index import PrefixIndex
-from hybridcache.cache.records import LruList, Residency, SlotRole
+from hybridcache.cache.records import LruList, Residency, SlotRole, Snapshot
 
 
 def host_tier_composition(index: PrefixIndex) -> dict[str, int]:
-    """Host bytes by kind: live KV blocks, dead KV (no snapshot can reach them), snapshot images,
-    tails, and the bytes of superseded snapshots. O(nodes + snapshots); reads only."""
+    """Host bytes in use by kind; the kinds do not overlap, so they add up to the bytes in use:
+    live KV blocks (a snapshot can reach them), dead KV (none can), snapshot images and tails.
+    O(nodes + snapshots); reads only."""
     geometry = index.geometry
     slab = geometry.slab_bytes
-    kv = dead = 0
+    live = dead = 0
     for node in index.nodes.values():
         if node.parent is not None and node.host_state == Residency.RESIDENT:
             if node.live_snapshots_below > 0:
-                kv += slab
+                live += slab
             else:
                 dead += slab
-    images = tails = superseded = 0
-    image_bytes = geometry.image_slabs * slab
+    images = tails = 0
     for snap in index.snapshots.values():
-        size = 0
-        if snap.host_state == Residency.RESIDENT:
-            images += image_bytes
-            size += image_bytes
-        if snap.tail_tokens and snap.tail_host_state == Residency.RESIDENT:
-            tails += slab
-            size += slab
-        if snap.superseded:
-            superseded += size
-    return {
-        "kv": kv + dead,
-        "snapshot": images + tails,
-        "kv_live": kv,
-        "kv_dead": dead,
-        "images": images,
-        "tails": tails,
-        "superseded": superseded,
-    }
+        images += _snapshot_image_bytes(index, snap)
+        tails += _snapshot_tail_bytes(index, snap)
+    return {"kv_live": live, "kv_dead": dead, "snapshot_images": images, "snapshot_tails": tails}
+
+
+def superseded_snapshot_bytes(index: PrefixIndex) -> int:
+    """Host bytes (images and tails) of snapshots a later snapshot superseded. Reads only."""
+    return sum(
+        _snapshot_image_bytes(index, snap) + _snapshot_tail_bytes(index, snap)
+        for snap in index.snapshots.values()
+        if snap.superseded
+    )
+
+
+def _snapshot_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:
+    if snap.host_state != Residency.RESIDENT:
+        return 0
+    return index.geometry.image_slabs * index.geometry.slab_bytes
+
+
+def _snapshot_tail_bytes(index: PrefixIndex, snap: Snapshot) -> int:
+    if not snap.tail_tokens or snap.tail_host_state != Residency.RESIDENT:
+        return 0
+    return index.geometry.slab_bytes
 
 
 def device_counts(index: PrefixIndex) -> dict[str, int]:

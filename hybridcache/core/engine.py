@@ -23,7 +23,7 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
-from hybridcache.core.cache_report import device_counts, host_tier_composition
+from hybridcache.core.cache_report import device_counts, host_tier_composition, superseded_snapshot_bytes
 from hybridcache.core.requests import Request, RequestStream
 from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
@@ -178,18 +178,19 @@ class Engine:
             "requests_running": running,
             "requests_waiting": waiting,
             "stopping": bool(worker and worker.stopping) or self._failure is not None,
-            "nodes": len(index.nodes) - 1,
-            "snapshots": len(index.snapshots),
+            "prefix_cache_nodes": len(index.nodes) - 1,
+            "prefix_cache_snapshots": len(index.snapshots),
             "device_pages_total": self.runtime.num_pages,
             "device_pages_free": index.num_free_pages,
-            "evictions": {
+            "prefix_cache_eviction_events": {
                 "device": self.cache.stats.evicted_device_events,
                 "host": self.cache.stats.evicted_host_events,
             },
-            "taps_skipped_no_slot": self.cache.stats.taps_skipped_no_slot,
-            "endpoints_skipped": self.cache.stats.endpoints_skipped,
+            "snapshot_taps_skipped_no_slot": self.cache.stats.taps_skipped_no_slot,
+            "endpoint_snapshots_skipped": self.cache.stats.endpoints_skipped,
             "host_tier_capacity_bytes": self.options.cache.host_cache_bytes,
             "host_tier_bytes": host_tier_composition(index),
+            "host_tier_superseded_snapshot_bytes": superseded_snapshot_bytes(index),
             **device_counts(index),
         }
         if worker is not None:

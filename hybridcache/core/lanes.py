@@ -48,6 +48,7 @@ class LaneState:
         self.accounting = accounting
         self.taps_taken = 0
         self.taps_skipped = 0
+        self.inserted_prompt_blocks = 0  # blocks its prefill inserted into the tree (not found there)
 
     def add_exact_tap(self, position: int, boundary: bool) -> None:
         """Plan one more exact tap (a coalescing target, §12.2). Mutates the plan."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridcache.cache.facade_results import (
+    CommitResult,
     FinishResult,
     HostWritePlan,
     PageCopy,
@@ -363,7 +364,7 @@ class Worker:
         self.counters.prefill_tokens += end - start
         for frontier in (p for p in due if p > start):
             self._take_tap(lane, frontier)
-        self._commit(lane)
+        lane.inserted_prompt_blocks += self._commit(lane).inserted
         if final:
             lane.request.phase = Phase.DECODE
             self._accept_sample(lane, result)
@@ -463,12 +464,13 @@ class Worker:
         self.runtime.states.copy_slot(lane.slot, result.slot)
         lane.taps_taken += 1
 
-    def _commit(self, lane: LaneState) -> None:
+    def _commit(self, lane: LaneState) -> CommitResult:
         prompt = lane.request.prompt
         committed = lane.tokens[: lane.computed]
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
-        self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
+        result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
         self._apply_publication(self.cache.publish_ready_taps(lane.lane_id, committed))
+        return result
 
     def _apply_publication(self, result: PublishResult) -> None:
         for tap in result.published:
@@ -589,6 +591,7 @@ class Worker:
             output_tokens=lane.generated,
             taps_taken=lane.taps_taken,
             taps_skipped=lane.taps_skipped,
+            inserted_prompt_tokens=lane.inserted_prompt_blocks * BLOCK_TOKENS,
         )
 
     def _cancel(self, request_id: str) -> None:

@@ -22,6 +22,7 @@ class WorkerCounters:
         self.taps_taken = 0
         self.taps_skipped = 0
         self.prefetched_blocks = 0
+        self.inserted_prompt_tokens = 0
 
     def admitted(self, accounting: RequestAccounting) -> None:
         self.queries += 1
@@ -36,20 +37,23 @@ class WorkerCounters:
         self.output_tokens += accounting.output_tokens
         self.taps_taken += accounting.taps_taken
         self.taps_skipped += accounting.taps_skipped
+        self.inserted_prompt_tokens += accounting.inserted_prompt_tokens
 
     def as_dict(self) -> dict[str, object]:
+        """The counters under the names /v1/cache/stats and /metrics use (http/engine_metrics.py)."""
         return {
-            "prefix_cache_queries": self.queries,
-            "prefix_cache_hits": self.hits,
+            "prefix_cache_query_requests": self.queries,
+            "prefix_cache_hit_requests": self.hits,
             "prefix_cache_query_tokens": self.query_tokens,
-            "cached_tokens": dict(self.reused_tokens),
-            "restored_host_bytes": self.restored_bytes,
-            "written_host_bytes": self.written_bytes,
-            "written_back_blocks": self.written_back_blocks,
+            "prefix_cache_hit_tokens": dict(self.reused_tokens),
+            "prefix_cache_inserted_prompt_tokens": self.inserted_prompt_tokens,
+            "host_tier_restored_bytes": self.restored_bytes,
+            "host_tier_written_bytes": self.written_bytes,
+            "host_tier_written_back_blocks": self.written_back_blocks,
             "prefill_tokens": self.prefill_tokens,
             "output_tokens": self.output_tokens,
             "requests_finished": self.requests_finished,
-            "taps_taken": self.taps_taken,
-            "taps_skipped": self.taps_skipped,
+            "snapshot_taps_taken": self.taps_taken,
+            "snapshot_taps_skipped": self.taps_skipped,
             "prefetched_blocks": self.prefetched_blocks,
         }

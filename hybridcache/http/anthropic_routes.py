@@ -2,7 +2,8 @@
 
 Streams send message_start (with cache_read_input_tokens, fixed at admission), then content_block_start /
 content_block_delta / content_block_stop per thinking, text or tool_use block, then message_delta (stop
-reason, output tokens) and message_stop. ``input_tokens`` counts the prompt tokens not read from the cache.
+reason, the final usage) and message_stop. ``input_tokens`` counts the prompt tokens neither read from nor
+added to the cache (Anthropic's split: read + creation + input = the prompt).
 The handler only submits and awaits; a client that goes away cancels its request.
 """
 
@@ -69,8 +70,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 def _usage(run: Generation) -> dict[str, int]:
-    return {"input_tokens": run.prompt_tokens - run.reuse_tokens, "output_tokens": run.output_tokens,
-            "cache_read_input_tokens": run.reuse_tokens, "cache_creation_input_tokens": 0}
+    """Anthropic's split of the prompt: read from the cache, added to it (whole 64-token blocks this
+    request inserted; known when it finishes, so 0 in message_start), and the rest."""
+    created = run.inserted_prompt_tokens
+    return {"input_tokens": run.prompt_tokens - run.reuse_tokens - created,
+            "output_tokens": run.output_tokens, "cache_read_input_tokens": run.reuse_tokens,
+            "cache_creation_input_tokens": created}
 
 
 def _message(body: MessagesRequest, run: Generation, content: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,7 +132,7 @@ async def _stream(request: web.Request, body: MessagesRequest, run: Generation,
         delta = {"stop_reason": _STOP_REASONS[finish_kind(run, parser.saw_tool_call)],
                  "stop_sequence": run.stop_string}
         await sse.send_event(response, "message_delta", {"type": "message_delta", "delta": delta,
-                                                         "usage": {"output_tokens": run.output_tokens}})
+                                                         "usage": _usage(run)})
         await sse.send_event(response, "message_stop", {"type": "message_stop"})
         await response.write_eof()
     except ConnectionResetError:

@@ -7,7 +7,8 @@ elsewhere); an unexpected exception becomes a 500 in that envelope and is logged
 never takes the server down.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/messages,
-GET /health, GET /metrics (Prometheus text), GET /v1/cache/stats (``engine.stats()`` as JSON).
+GET /health, GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats (``engine.stats()`` as
+JSON; /metrics carries the same figures under the same names).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hybridcache.core.api import EngineProtocol
 from hybridcache.http.anthropic_routes import messages
 from hybridcache.http.auth import authenticate
 from hybridcache.http.errors import ApiError, error_response, kind_of_status, protocol_of_path
-from hybridcache.http.metrics import render_prometheus
+from hybridcache.http.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from hybridcache.http.openai_chat import chat_completions
 from hybridcache.http.openai_completions import completions
 from hybridcache.http.server_options import ServerOptions
@@ -29,7 +30,6 @@ from hybridcache.http.state import STATE_KEY, FrontendLike, ServerState, server_
 from hybridcache.logs import get_logger
 
 log = get_logger(__name__)
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -88,9 +88,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    state = server_state(request)
-    text = render_prometheus(state.metrics, state.engine.stats(), state.served_model_name)
-    return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+    body = server_state(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
 async def cache_stats(request: web.Request) -> web.Response:

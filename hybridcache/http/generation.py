@@ -89,6 +89,11 @@ class Generation:
     def reuse_tokens(self) -> int:
         return self.accounting.reuse_tokens if self.accounting is not None else 0
 
+    @property
+    def inserted_prompt_tokens(self) -> int:
+        """Prompt tokens this request added to the cache; known once it finishes (0 before)."""
+        return self.accounting.inserted_prompt_tokens if self.accounting is not None else 0
+
     async def admit(self) -> RequestAccounting | None:
         """Submit and wait for the admission notice; returns its accounting. Raises RequestError."""
         try:
@@ -103,7 +108,6 @@ class Generation:
             raise RequestError("internal", "the engine ended the request before admitting it")
         if first.accounting is not None:
             self.accounting = first.accounting
-            self._metrics.record_admission(first.accounting)
         if first.token_ids or first.finished:
             self._pending = first
         return self.accounting
@@ -116,7 +120,7 @@ class Generation:
             self._pending = None
             if output is None:  # the stream ended without a final output: treat as cancelled
                 self.finish_reason = "cancelled"
-                self._metrics.record_finish("cancelled", self.output_tokens)
+                self._metrics.record_finish("cancelled")
                 break
             step = self._absorb(output)
             if step is not None:
@@ -154,7 +158,7 @@ class Generation:
         if output.finished and not self.finished:
             self.finish_reason = output.finish_reason or "stop"
         if self.finished:
-            self._metrics.record_finish(self.finish_reason or "stop", self.output_tokens)
+            self._metrics.record_finish(self.finish_reason or "stop")
         if not text and not output.token_ids:
             return None
         return TextStep(text, output.token_ids, output.logprobs)
@@ -181,10 +185,10 @@ class Generation:
         handler task that is itself being cancelled still releases the request."""
         if self._outputs is not None and not self.finished:
             if self.engine_failed:
-                self._metrics.record_finish("error", self.output_tokens)
+                self._metrics.record_finish("error")
             else:
                 self._engine.cancel(self.request_id)
-                self._metrics.record_finish("cancelled", self.output_tokens)
+                self._metrics.record_finish("cancelled")
             self.finish_reason = "cancelled"
         if self._watcher is not None:
             self._watcher.cancel()

@@ -20,6 +20,7 @@ from hybridcache import __version__
 from hybridcache.config import EffectiveOptions, OptionError
 from hybridcache.http.app import create_app
 from hybridcache.http.server_options import ServerOptions
+from hybridcache.http.startup_checks import bind_error
 from hybridcache.http.stop_control import StopAction, StopControl
 from hybridcache.logs import format_bytes, get_logger, log_ledger, setup_logging
 
@@ -49,6 +50,7 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("event_log", cache.event_log or "none"),
         ("host_write", cache.host_write if cache.host_tier else "off"),
         ("api_keys", len(server.api_keys)),
+        ("default_max_tokens", server.default_max_tokens),
     ]
 
 
@@ -73,9 +75,10 @@ def serve_forever(options: EffectiveOptions, server: ServerOptions) -> int:
 def _model_dir(options: EffectiveOptions) -> Path:
     if options.model is not None:
         return Path(options.model)
-    from hybridcache.tools.make_tiny_model import ensure_default_model
+    from hybridcache.tools.make_tiny_model import default_model_dir, ensure_default_model
 
-    log.info("preparing the embedded tiny checkpoint (built once into the user cache directory)")
+    if not default_model_dir().is_dir():
+        log.info("building the embedded tiny checkpoint into %s (once, about 10 s)", default_model_dir())
     return ensure_default_model()
 
 
@@ -91,7 +94,10 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
         name = server.served_model_name or (None if options.model else DEFAULT_MODEL_NAME)
         engine = Engine(model_dir, options, model_name=name)
         frontend = Frontend.from_dir(model_dir, engine.max_model_len)
-    except (CheckpointError, FrontendError, OptionError, MemoryError) as error:
+    except (CheckpointError, FrontendError) as error:
+        log.error("cannot start: %s%s", "--model: " if options.model else "", error)
+        return STARTUP_ERROR_EXIT
+    except (OptionError, MemoryError) as error:
         log.error("cannot start: %s", error)
         return STARTUP_ERROR_EXIT
     log_ledger(log, f"model {engine.model_name} from {model_dir}", engine.runtime.ledger())
@@ -100,7 +106,13 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as error:  # the port was free when checked before loading, and taken since
+        log.error("cannot start: %s", bind_error(server.host, server.port, error))
+        await engine.stop()
+        await runner.cleanup()
+        return STARTUP_ERROR_EXIT
 
     stop = asyncio.Event()
     control = StopControl()

@@ -50,7 +50,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         cache_salt=request_cache_salt(request, body.cache_salt), breakpoints=chat.breakpoints)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, prompt.num_tokens,
-                                    state.max_model_len, max_param)
+                                    state.max_model_len, max_param, default=state.options.default_max_tokens)
     sampling = build_sampling(
         {"max_tokens": max_param}, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
         top_k=body.top_k, min_p=body.min_p, seed=body.seed, stop_token_ids=body.stop_token_ids,

@@ -32,7 +32,7 @@ from hybridcache.http.request_prep import (
 )
 from hybridcache.http.state import ServerState, server_state
 
-DEFAULT_MAX_TOKENS = 16
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -44,10 +44,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_single_choice(body.n)
     _check_unsupported(body)
     prompt = await _prepare_prompt(state, body.prompt, request_cache_salt(request, body.cache_salt))
-    requested = body.max_tokens
-    if requested is None:  # OpenAI's default, bounded by what the context leaves
-        requested = max(1, min(DEFAULT_MAX_TOKENS, state.max_model_len - prompt.num_tokens))
-    max_tokens = resolve_max_tokens(requested, prompt.num_tokens, state.max_model_len)
+    max_tokens = resolve_max_tokens(body.max_tokens, prompt.num_tokens, state.max_model_len,
+                                    default=COMPLETIONS_DEFAULT_MAX_TOKENS)
     sampling = build_sampling(
         max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, seed=body.seed, stop_token_ids=body.stop_token_ids,

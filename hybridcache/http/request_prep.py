@@ -56,14 +56,16 @@ def build_sampling(rename: dict[str, str] | None = None, **fields: Any) -> Sampl
 
 
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int,
-                       param: str = "max_tokens") -> int:
-    """The output budget: `requested`, or the rest of the context when None.
+                       param: str = "max_tokens", default: int | None = None) -> int:
+    """The output budget: `requested`; when None, `default` capped by the rest of the context (the rest
+    of the context when `default` is None too).
 
     Raises ApiError 400 when `requested` < 1, or the prompt plus the budget exceeds `max_model_len`.
     """
     if requested is not None and requested < 1:
         raise bad_request(f"{param}: must be >= 1, got {requested}", param)
-    budget = requested if requested is not None else max_model_len - prompt_tokens
+    rest = max_model_len - prompt_tokens
+    budget = requested if requested is not None else rest if default is None else min(default, rest)
     if prompt_tokens + max(budget, 1) > max_model_len:
         wanted = f"{prompt_tokens + budget} tokens ({prompt_tokens} in the prompt, {budget} for the output)" \
             if requested is not None else f"{prompt_tokens} tokens in the prompt"

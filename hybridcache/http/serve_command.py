@@ -19,7 +19,8 @@ from hybridcache.config import (
     OptionError,
     resolve_options,
 )
-from hybridcache.http.server_options import ServerOptions
+from hybridcache.http.server_options import DEFAULT_MAX_TOKENS, ServerOptions
+from hybridcache.http.startup_checks import check_bindable, check_model_dir
 
 OPTION_ERROR_EXIT = 2
 
@@ -48,12 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key", action="append", default=None, help="require this bearer key (repeatable)"
     )
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    server.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="output cap in tokens for a request that sets no max_tokens (OpenAI) "
+        f"(default {DEFAULT_MAX_TOKENS}; never more than the rest of the context)",
+    )
 
     model = parser.add_argument_group("model")
     model.add_argument(
         "--model",
         default=None,
-        help="Hugging Face checkpoint directory (default: the embedded tiny checkpoint)",
+        help="a local Hugging Face checkpoint directory; nothing is downloaded "
+        "(default: the embedded tiny checkpoint)",
     )
     model.add_argument(
         "--dtype",
@@ -163,9 +172,13 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check every flag, the checkpoint directory and the address first (exit 2 with one line naming the
+    flag), then load the model and serve."""
     try:
         options = resolve_options(engine_options_from_args(args))
         server = ServerOptions.from_args(args)
+        check_model_dir(options.model)
+        check_bindable(server.host, server.port)
     except OptionError as error:
         print(f"hybridcache serve: error: {error}", file=sys.stderr)
         return OPTION_ERROR_EXIT

@@ -9,6 +9,9 @@ import msgspec
 from hybridcache.config import OptionError
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
+# The output cap of a request that sets no max_tokens. "The rest of the context" (vLLM's choice) is
+# hundreds of thousands of tokens on Qwen3.5, which looks like a hang; 1024 is a few seconds to minutes.
+DEFAULT_MAX_TOKENS = 1024
 
 
 class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -18,6 +21,7 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     api_keys: tuple[str, ...] = ()
     log_level: str = "info"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # output cap when a request sets none
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerOptions:
@@ -27,10 +31,13 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
         keys = tuple(args.api_key or ())
         if any(not key for key in keys):
             raise OptionError("--api-key", "must not be empty")
+        if args.default_max_tokens < 1:
+            raise OptionError("--default-max-tokens", "must be a positive number of tokens")
         return cls(
             host=args.host,
             port=args.port,
             served_model_name=args.served_model_name,
             api_keys=keys,
             log_level=args.log_level,
+            default_max_tokens=args.default_max_tokens,
         )

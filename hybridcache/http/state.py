@@ -44,8 +44,8 @@ class ServerState:
         self.engine = engine
         self.frontend = frontend
         self.options = options
-        self.metrics = ServerMetrics()
         self.served_model_name = options.served_model_name or engine.model_name
+        self.metrics = ServerMetrics(engine.stats, self.served_model_name)
         self.created_at = int(time.time())
 
     @property
@@ -55,8 +55,8 @@ class ServerState:
     def check_model(self, model: str) -> None:
         """Raises ApiError 404 unless `model` is the served name (or the engine's own name)."""
         if model not in (self.served_model_name, self.engine.model_name):
-            raise ApiError(404, f"The model `{model}` does not exist.", "not_found", "model",
-                           "model_not_found")
+            raise ApiError(404, f"The model `{model}` does not exist; this server serves "
+                           f"`{self.served_model_name}`.", "not_found", "model", "model_not_found")
 
 
 STATE_KEY = web.AppKey("hybridcache_server_state", ServerState)

@@ -322,8 +322,8 @@ def _summary(
         "runs.prefill_cpu_s_cache_off": _series(t.prefill_cpu_s for t in cold_off),
         "runs.host_resume_ttft_ms": _series(t.ttft_s * 1e3 for t in host),
         "device_evictions": _evictions(stats, "device"),
-        "taps_taken": int(stats.get("taps_taken", 0)),  # type: ignore[call-overload]
-        "taps_skipped": int(stats.get("taps_skipped", 0)),  # type: ignore[call-overload]
+        "taps_taken": int(stats.get("snapshot_taps_taken", 0)),  # type: ignore[call-overload]
+        "taps_skipped": int(stats.get("snapshot_taps_skipped", 0)),  # type: ignore[call-overload]
     }
 
 
@@ -360,7 +360,7 @@ def _series(values: Iterable[float]) -> str:
 
 
 def _evictions(stats: dict[str, object], tier: str) -> int:
-    evictions = stats.get("evictions")
+    evictions = stats.get("prefix_cache_eviction_events")
     return int(evictions.get(tier, 0)) if isinstance(evictions, dict) else 0
 
 

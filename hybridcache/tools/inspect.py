@@ -17,6 +17,7 @@ import msgspec
 from hybridcache.persistence.cache_file import CacheFileError, CacheFileTables, open_tables
 from hybridcache.persistence.file_summary import FileSummary, SnapshotRow, kind_name, summarize, verify_file
 from hybridcache.persistence.file_tree import FILE_ROOT, FileTree
+from hybridcache.tools.inspect_plot import plot_summary
 
 _TABLE_HEADER = (
     f"  {'id':>6} {'frontier':>9} {'kind':<16} {'hits':>5} {'H':>11} {'bytes':>10} {'path':>5} {'tail':>5}"
@@ -25,7 +26,24 @@ SORT_KEYS = ("id", "frontier", "kind", "hits", "h", "bytes", "path")
 _SORT_FIELD = {"path": "path_blocks"}
 
 
+COLUMNS_HELP = """\
+the snapshot table, one row per recurrent-state snapshot in the file:
+  id        the snapshot's id (for --decode snapshot:ID)
+  frontier  the prompt position it resumes at, in tokens (64 * path + tail)
+  kind      where it was taken: tap (a ladder point during prefill), boundary (a message or system
+            boundary, an explicit breakpoint), endpoint (the end of a request: prompt and output)
+  hits      how many requests resumed from it
+  H         its host-eviction value (GDSF: L + hits-weighted prefill seconds saved per byte held);
+            the host tier evicts the lowest H first
+  bytes     its image and tail slabs on the host
+  path      whole 64-token blocks from the root to its anchor block (the KV it needs)
+  tail      tokens past the last whole block, kept in its tail slab (0..63)
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = COLUMNS_HELP
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("file", type=Path, help="the prefix-cache file")
     parser.add_argument("--sort", choices=SORT_KEYS, default="frontier", help="snapshot table order")
     parser.add_argument("--reverse", action="store_true", help="sort descending")
@@ -188,28 +206,3 @@ def _decode(tables: CacheFileTables, request: str, tokenizer_dir: Path | None) -
 
         print(repr(Tokenizer.from_dir(tokenizer_dir).decode(ids)))
     return 0
-
-
-# ---------------------------------------------------------------------- plot
-def plot_summary(summary: FileSummary, out: Path) -> None:
-    """Host-tier composition (bar) and snapshot frontier vs bytes (scatter) as a PNG. Imports matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (bars, scatter) = plt.subplots(1, 2, figsize=(11, 4))
-    names = list(summary.kinds)
-    bars.bar(names, [summary.kinds[n].bytes / 2**20 for n in names], color=["#4c72b0", "#dd8452", "#55a868"])
-    bars.set_ylabel("MiB")
-    bars.set_title("host tier composition")
-    rows = summary.snapshots
-    scatter.scatter(
-        [r.frontier for r in rows], [r.bytes / 2**20 for r in rows], s=[12 + 6 * r.hits for r in rows]
-    )
-    scatter.set_xlabel("frontier (tokens)")
-    scatter.set_ylabel("image + tail MiB")
-    scatter.set_title(f"{len(rows)} snapshots (size ~ hits)")
-    figure.tight_layout()
-    figure.savefig(out, dpi=100)
-    plt.close(figure)

@@ -184,7 +184,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry point: `python -m hybridcache.tools.make_tiny_model DIR --preset tiny`."""
-    parser = argparse.ArgumentParser(prog="hybridcache make-tiny-model", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="hybridcache make-tiny-model", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -27,7 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `simulate` command's arguments. Mutates ``parser``."""
     parser.add_argument("traces", nargs="+", metavar="TRACE", help="trace files or directories")
     parser.add_argument("--model-shape", default=DEFAULT_SHAPE, choices=sorted(SHAPES))
-    parser.add_argument("--host-cache-mib", type=int, default=65536, help="host slab tier (0: none)")
+    parser.add_argument(
+        "--host-cache-mib",
+        type=int,
+        default=65536,
+        help="host slab tier in MiB, 0 for none (default 65536: a serving host of the default 27B shape; "
+        "serve defaults to 8192 because it allocates real memory on the machine it runs on)",
+    )
     parser.add_argument("--device-pages", type=int, default=16384, help="device KV page groups")
     parser.add_argument(
         "--device-snapshot-slots", type=int, default=None, help="D (default C + 1, C + 2 without host)"
@@ -54,7 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB,MIB,...",
         help="host budgets to sweep (a table; every policy with --plot)",
     )
-    parser.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="computed vs host budget")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="OUT.png",
+        help="run every policy over the --sweep host budgets (default "
+        + ",".join(map(str, DEFAULT_SWEEP_MIB))
+        + ") and plot computed tokens vs host budget",
+    )
 
 
 def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfig:
@@ -97,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(result_lines(trace.name, trace.format, config, result)))
         return 0
     policies = list(Policy) if args.plot else [Policy(args.policy)]
+    if args.plot is not None:
+        print(
+            f"hybridcache simulate: --plot runs {len(policies)} policies x {len(budgets)} host budgets "
+            f"({','.join(map(str, budgets))} MiB; --sweep chooses them)",
+            file=sys.stderr,
+        )
     points = [
         SweepPoint(policy.value, budget, simulate(trace, _config(args, policy, budget)))
         for policy in policies
@@ -105,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(sweep_table(points)))
     print(f"bound_tokens={points[0].result.bound_tokens}")
     if args.plot is not None:
-        title = f"{Path(trace.name).name}: {args.model_shape}, {args.users} users"
+        sources = Path(args.traces[0]).name if len(args.traces) == 1 else f"{len(args.traces)} trace paths"
+        title = (f"{sources} ({len(trace.conversations)} conversations): {args.model_shape}, "
+                 f"{args.users} users")
         plot_sweep(points, points[0].result.bound_tokens, title, args.plot)
         print(f"plot={args.plot}")
     return 0
@@ -113,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m hybridcache.tools.simulate``)."""
-    parser = argparse.ArgumentParser(prog="hybridcache simulate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hybridcache simulate", description=__doc__, allow_abbrev=False)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

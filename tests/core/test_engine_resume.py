@@ -65,8 +65,8 @@ async def test_a_host_only_resume_matches_a_cold_run(micro_checkpoint: Path, fro
         assert resumed.accounting.reuse_tokens >= 640
         assert resumed.tokens == cold.tokens
         assert_logprobs_close(resumed.first_logprobs, cold.first_logprobs)
-        assert engine.stats()["evictions"]["device"] > 0
-        assert engine.stats()["written_back_blocks"] > 0  # the path reached the host on eviction
+        assert engine.stats()["prefix_cache_eviction_events"]["device"] > 0
+        assert engine.stats()["host_tier_written_back_blocks"] > 0  # the path reached the host on eviction
     finally:
         await engine.stop()
 

@@ -110,7 +110,7 @@ async def test_active_growth_evicts_cache_never_an_active_request(micro_checkpoi
             await generate(engine, frontend.prepare_tokens(filler_tokens(900, seed=60 + seed)), 2)
         grown = await generate(engine, frontend.prepare_tokens(filler_tokens(200, seed=70)), 1500)
         assert len(grown.tokens) == 1500 and grown.finish_reason == "length"
-        assert engine.stats()["evictions"]["device"] > 0
+        assert engine.stats()["prefix_cache_eviction_events"]["device"] > 0
     finally:
         await engine.stop()
 
@@ -196,7 +196,7 @@ async def test_a_fault_in_a_write_back_fails_the_engine_cleanly(micro_checkpoint
         with pytest.raises(RequestError) as failed:
             await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=113)), 2)
         assert failed.value.kind == "internal" and "injected write-back fault" in failed.value.message
-        assert engine.stats()["written_back_blocks"] == 0
+        assert engine.stats()["host_tier_written_back_blocks"] == 0
         assert not engine.cache.index.lanes
         engine.check_integrity()
     finally:
@@ -310,14 +310,16 @@ async def test_stats_report_the_host_tier_composition(micro_checkpoint: Path, fr
     try:
         await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=160)), 100)
         await asyncio.sleep(0.1)  # the endpoint's image and tail land on the host
-        assert engine.stats()["host_tier_bytes"]["kv"] == 0  # its blocks are still only on the device
+        assert engine.stats()["host_tier_bytes"]["kv_live"] == 0  # its blocks are still only on the device
         # A second long prompt needs most of the 16 pages: eviction writes the first path back first.
         await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=161)), 1)
         stats = engine.stats()
         host = stats["host_tier_bytes"]
-        assert stats["written_back_blocks"] > 0
-        assert host["kv"] > 0 and host["images"] > 0 and host["tails"] > 0
-        assert host["kv"] == host["kv_live"] + host["kv_dead"]
-        assert host["kv_live"] == stats["written_back_blocks"] * engine.runtime.geometry.slab_bytes
+        assert stats["host_tier_written_back_blocks"] > 0
+        assert host["kv_live"] > 0 and host["snapshot_images"] > 0 and host["snapshot_tails"] > 0
+        slab = engine.runtime.geometry.slab_bytes
+        assert host["kv_live"] == stats["host_tier_written_back_blocks"] * slab
+        snapshot_bytes = host["snapshot_images"] + host["snapshot_tails"]
+        assert stats["host_tier_superseded_snapshot_bytes"] <= snapshot_bytes
     finally:
         await engine.stop()

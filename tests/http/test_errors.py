@@ -79,10 +79,11 @@ async def test_bad_chat_requests_get_400_in_openai_envelope(live: LiveServer, bo
     assert live.engine.submissions == []
 
 
-async def test_unknown_model_is_404(live: LiveServer):
+async def test_unknown_model_is_404_and_names_the_served_model(live: LiveServer):
     status, body = await post(live, CHAT, {**GOOD_CHAT, "model": "gpt-9"})
     assert_openai_error((status, body), 404, "invalid_request_error", "model", "does not exist")
     assert body["error"]["code"] == "model_not_found"
+    assert f"this server serves `{MODEL}`" in body["error"]["message"]
     assert_anthropic_error(await post(live, MESSAGES, {**GOOD_MESSAGE, "model": "claude-9"}), 404,
                            "not_found_error")
 

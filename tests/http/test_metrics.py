@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import re
-
 import aiohttp
 
-from hybridcache.http.metrics import Histogram, ServerMetrics, render_prometheus
+from hybridcache.http.metrics import ServerMetrics
 from tests.http.conftest import MODEL, LiveServer
+from tests.http.prometheus_text import parse_metrics, sample
 
-LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
-SAMPLE = re.compile(rf'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{{(?P<labels>{LABEL}(,{LABEL})*)\}})? '
-                    r'(?P<value>[-+]?(\d+(\.\d*)?(e[-+]?\d+)?|\+Inf|NaN))$')
-COMMENT = re.compile(r"^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+$")
 HELLO = [{"role": "user", "content": "Hi"}]
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Every line is a comment or a sample; returns {"name{labels}": value}. Fails on anything else."""
-    samples = {}
-    for line in text.strip().split("\n"):
-        if line.startswith("#"):
-            assert COMMENT.match(line), line
-            continue
-        found = SAMPLE.match(line)
-        assert found, f"not a Prometheus sample: {line!r}"
-        labels = found.group("labels")
-        samples[found.group("name") + (f"{{{labels}}}" if labels else "")] = float(found.group("value"))
-    return samples
-
-
-def value(samples: dict[str, float], name: str, **labels: str) -> float:
-    label_text = ",".join([f'model_name="{MODEL}"', *(f'{key}="{val}"' for key, val in labels.items())])
-    return samples[f"hybridcache:{name}{{{label_text}}}"]
+def value(samples: dict, name: str, **labels: str) -> float:
+    return sample(samples, f"hybridcache:{name}", model_name=MODEL, **labels)
 
 
 async def get(live: LiveServer, path: str) -> tuple[int, str]:
@@ -40,9 +20,10 @@ async def get(live: LiveServer, path: str) -> tuple[int, str]:
         return reply.status, await reply.text()
 
 
-async def test_metrics_count_cache_hits_latencies_and_engine_gauges(live: LiveServer):
-    live.engine.reuse_override = 12
-    live.engine.extra_stats = {"evictions": {"device": 3, "host": 1}, "host_tier_bytes": {"kv": 4096},
+async def test_metrics_carry_the_engine_figures_and_the_http_latencies(live: LiveServer):
+    live.engine.extra_stats = {"prefix_cache_eviction_events": {"device": 3, "host": 1},
+                               "prefix_cache_hit_tokens": {"device": 24, "host": 0},
+                               "prefix_cache_query_tokens": 40, "host_tier_bytes": {"kv_live": 4096},
                                "requests_waiting": 2}
     client = live.openai()
     for _ in range(2):
@@ -50,44 +31,41 @@ async def test_metrics_count_cache_hits_latencies_and_engine_gauges(live: LiveSe
     status, text = await get(live, "/metrics")
     samples = parse_metrics(text)
     assert status == 200
-    prompt_tokens = live.engine.last.prompt.num_tokens
-    assert value(samples, "prefix_cache_hits_total") == 24
-    assert value(samples, "prefix_cache_queries_total") == 2 * prompt_tokens
-    assert value(samples, "prefix_cache_cached_tokens_total", source="device") == 24
-    assert value(samples, "prefix_cache_cached_tokens_total", source="host") == 0
-    assert value(samples, "prefix_cache_evictions_total", tier="device") == 3
-    assert value(samples, "host_tier_bytes", kind="kv") == 4096
-    assert value(samples, "host_tier_bytes", kind="snapshot") == 0
-    assert value(samples, "num_requests_running") == 0
-    assert value(samples, "num_requests_waiting") == 2
-    assert value(samples, "generation_tokens_total") == 10
-    assert value(samples, "request_success_total", finished_reason="length") == 2
-    assert samples["hybridcache:time_to_first_token_seconds_count"] == 2
-    assert samples["hybridcache:inter_token_latency_seconds_count"] == 8
-    assert samples['hybridcache:time_to_first_token_seconds_bucket{le="+Inf"}'] == 2
+    assert value(samples, "prefix_cache_hit_tokens_total", source="device") == 24
+    assert value(samples, "prefix_cache_hit_tokens_total", source="host") == 0
+    assert value(samples, "prefix_cache_query_tokens_total") == 40
+    assert value(samples, "prefix_cache_eviction_events_total", tier="device") == 3
+    assert value(samples, "host_tier_bytes", kind="kv_live") == 4096
+    assert value(samples, "host_tier_bytes", kind="snapshot_images") == 0
+    assert value(samples, "requests_running") == 0
+    assert value(samples, "requests_waiting") == 2
+    assert value(samples, "http_requests_finished_total", finish_reason="length") == 2
+    assert value(samples, "time_to_first_token_seconds_count") == 2
+    assert value(samples, "inter_token_latency_seconds_count") == 8
+    assert value(samples, "time_to_first_token_seconds_bucket", le="+Inf") == 2
 
 
 async def test_refusals_are_counted_by_status(live: LiveServer):
     async with aiohttp.ClientSession() as session:
         await session.post(live.root + "/v1/chat/completions", data=b"{")
     samples = parse_metrics((await get(live, "/metrics"))[1])
-    assert value(samples, "request_errors_total", status="400") == 1
+    assert value(samples, "http_request_errors_total", status="400") == 1
 
 
-def test_histogram_buckets_are_cumulative():
-    histogram = Histogram((0.1, 1.0))
-    for seconds in (0.05, 0.5, 0.5, 3.0):
-        histogram.observe(seconds)
-    lines = histogram.lines("x")
-    assert lines[:3] == ['x_bucket{le="0.1"} 1', 'x_bucket{le="1"} 3', 'x_bucket{le="+Inf"} 4']
-    assert lines[-1] == "x_count 4"
+def test_missing_engine_stats_read_as_zero_and_labels_are_escaped():
+    metrics = ServerMetrics(lambda: {"prefix_cache_eviction_events": {"host": 7}}, 'odd"name')
+    samples = parse_metrics(metrics.render().decode())
+    name = 'odd\\"name'  # as escaped in the text format
+    evictions = "hybridcache:prefix_cache_eviction_events_total"
+    assert sample(samples, evictions, model_name=name, tier="host") == 7
+    assert sample(samples, "hybridcache:requests_running", model_name=name) == 0
 
 
-def test_missing_engine_stats_read_as_zero_and_flat_keys_work():
-    text = render_prometheus(ServerMetrics(), {"evictions_host": 7}, 'odd"name')
-    samples = parse_metrics(text)
-    assert samples['hybridcache:prefix_cache_evictions_total{model_name="odd\\"name",tier="host"}'] == 7
-    assert samples['hybridcache:num_requests_running{model_name="odd\\"name"}'] == 0
+def test_each_app_has_its_own_registry():
+    first, second = ServerMetrics(dict, "a"), ServerMetrics(dict, "a")
+    first.record_error(400)
+    assert 'status="400"' in first.render().decode()
+    assert 'status="400"' not in second.render().decode()
 
 
 async def test_health_and_cache_stats(live: LiveServer):

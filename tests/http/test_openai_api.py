@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from hybridcache.http.server_options import DEFAULT_MAX_TOKENS
 from tests.http.conftest import MODEL, LiveServer
 from tests.http.fakes import DEFAULT_ANSWER, DEFAULT_REASONING
 
@@ -179,10 +180,19 @@ async def test_sampling_fields_reach_the_engine(live: LiveServer):
     assert sampling.stop_token_ids == (5,)
 
 
-async def test_max_tokens_defaults_to_the_rest_of_the_context(live: LiveServer):
+async def test_max_tokens_defaults_to_the_documented_cap(live: LiveServer):
     await live.openai().chat.completions.create(model=MODEL, messages=HELLO)
-    submission = live.engine.last
-    assert submission.sampling.max_tokens == live.engine.max_model_len - submission.prompt.num_tokens
+    assert live.engine.last.sampling.max_tokens == DEFAULT_MAX_TOKENS
+
+
+async def test_the_default_cap_is_a_server_option_and_never_passes_the_context(start_server):
+    small = await start_server(default_max_tokens=5)
+    await small.openai().chat.completions.create(model=MODEL, messages=HELLO)
+    assert small.engine.last.sampling.max_tokens == 5
+    large = await start_server(default_max_tokens=10**6)
+    await large.openai().chat.completions.create(model=MODEL, messages=HELLO)
+    submission = large.engine.last
+    assert submission.sampling.max_tokens == large.engine.max_model_len - submission.prompt.num_tokens
 
 
 async def test_length_finish_when_max_tokens_runs_out(live: LiveServer):

@@ -92,17 +92,22 @@ async def test_a_second_turn_reports_cached_tokens_openai(server: RealServer):
 
 
 async def test_a_second_turn_reports_cache_reads_anthropic(server: RealServer):
-    messages = [{"role": "user", "content": "Describe a radix tree and how a prefix cache uses it. " * 8}]
+    question = {"type": "text", "text": "Describe a radix tree and how a prefix cache uses it. " * 8,
+                "cache_control": {"type": "ephemeral"}}
+    messages: list[dict] = [{"role": "user", "content": [question]}]
     first = await server.anthropic.messages.create(
         model=MODEL, max_tokens=10, system=SYSTEM, messages=messages
     )
     assert first.usage.cache_read_input_tokens == 0
+    prompt_tokens = first.usage.input_tokens + first.usage.cache_creation_input_tokens
+    assert first.usage.cache_creation_input_tokens == prompt_tokens // 64 * 64 > 0  # every whole block
     text = "".join(block.text for block in first.content if block.type == "text") or "ok"
     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Shorter."}]
     second = await server.anthropic.messages.create(
         model=MODEL, max_tokens=10, system=SYSTEM, messages=messages
     )
     assert second.usage.cache_read_input_tokens > 0
+    assert second.usage.cache_creation_input_tokens % 64 == 0
     assert second.usage.input_tokens + second.usage.cache_read_input_tokens > first.usage.input_tokens
 
 

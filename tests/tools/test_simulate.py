@@ -82,8 +82,17 @@ def assert_accounting_adds_up(result: SimResult, trace: Trace) -> None:
     c = result.counters
     assert c.requests + c.requests_infeasible == trace.num_requests
     assert c.input_tokens == trace.input_tokens
-    assert c.computed_tokens + c.reused_tokens_device + c.reused_tokens_host == c.input_tokens
+    assert c.computed_tokens + c.reused_tokens_device_kv + c.reused_tokens_host_kv == c.input_tokens
     assert c.computed_tokens >= c.requests  # at least one token each
+    assert (c.restored_kv_bytes > 0) == (c.reused_tokens_host_kv > 0)  # KV back from the host is reused
+    assert (c.host_resumed_requests > 0) == (c.restored_kv_bytes + c.restored_state_bytes > 0)
+
+
+def assert_restores_split_kv_from_state(result: SimResult, cfg: SimConfig) -> None:
+    """KV bytes are whole pages, state bytes whole snapshot images."""
+    c, shape = result.counters, cfg.shape
+    assert c.restored_kv_bytes % shape.page_bytes == 0
+    assert c.restored_state_bytes % shape.image_bytes == 0
 
 
 def assert_at_or_above_bound(result: SimResult) -> None:
@@ -172,7 +181,7 @@ def test_sub_agent_and_second_conversation_reuse_the_shared_prefix(tmp_path):
     # 7 requests, 5730 input tokens; without any reuse we would compute all of them
     assert result.counters.input_tokens == 700 + 900 + 400 + 500 + 1300 + 650 + 780
     assert result.counters.computed_tokens < result.counters.input_tokens / 2
-    assert result.counters.reused_tokens_device > 0
+    assert result.counters.reused_tokens_device_kv > 0
 
 
 def test_align_computes_more_than_ours_on_a_growing_conversation(tmp_path):
@@ -189,6 +198,8 @@ def test_small_host_tier_evicts_and_restores(tmp_path):
         tight = config(policy, device_pages=26, host_cache_mib=1, max_concurrency=1, users=1)
         sim, result = run(trace, tight)
         assert_accounting_adds_up(result, trace)
+        assert_restores_split_kv_from_state(result, tight)
+        assert result.counters.restored_kv_bytes + result.counters.restored_state_bytes > 0
         assert result.counters.evicted_device_blocks + result.counters.deleted_subtrees > 0
         check_integrity(sim.driver.cache.index)
 
@@ -251,9 +262,9 @@ def test_model_shapes_match_the_spec():
 
 # --- the CLI ---------------------------------------------------------------------------------------------
 
-REQUIRED = ("requests", "input_tokens", "computed_tokens", "reused_tokens_device", "reused_tokens_host",
-            "restored_bytes", "evicted_device_blocks", "evicted_host_blocks", "bound_tokens",
-            "computed_vs_bound", "assume_echo")
+REQUIRED = ("requests", "input_tokens", "computed_tokens", "reused_tokens_device_kv",
+            "reused_tokens_host_kv", "restored_kv_bytes", "restored_state_bytes", "evicted_device_blocks",
+            "evicted_host_blocks", "bound_tokens", "computed_vs_bound", "assume_echo")
 
 
 def test_cli_prints_one_name_value_per_line(tmp_path, capsys):

@@ -7,6 +7,10 @@ freed, its host image kept), ``evicted_host_blocks`` (dead-KV host copies droppe
 (a block lost its last copy and took its subtree along: device LRU without a host copy, or the ``lru``
 policy's host eviction) and ``deleted_snapshots`` (a snapshot lost every copy). Counts are exact
 integers over the run; ``SimCounters`` is mutated by the driver and the tally only.
+
+Reuse and restores keep KV and recurrent state apart: a request can resume from a snapshot whose image
+the device had dropped (``restored_state_bytes`` > 0) while every block it stands on is still on the
+device (``reused_tokens_host_kv`` 0), which is what the ``lru`` baseline does most.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ class SimCounters(msgspec.Struct, kw_only=True):
     echoed_requests: int = 0
     input_tokens: int = 0
     computed_tokens: int = 0
-    reused_tokens_device: int = 0
-    reused_tokens_host: int = 0
+    reused_tokens_device_kv: int = 0  # reused prompt tokens whose KV was still on the device
+    reused_tokens_host_kv: int = 0  # reused prompt tokens whose KV (blocks, tail) came from the host
     generated_tokens: int = 0
-    restored_bytes: int = 0
+    restored_kv_bytes: int = 0  # KV blocks and snapshot tails copied from the host
+    restored_state_bytes: int = 0  # recurrent-state snapshot images copied from the host
+    host_resumed_requests: int = 0  # requests that copied anything from the host
     resumed_from_snapshot: int = 0
     taps_taken: int = 0
     taps_skipped: int = 0

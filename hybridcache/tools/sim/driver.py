@@ -134,10 +134,13 @@ class RequestDriver:
         c.echoed_requests += material.echoed
         c.input_tokens += n
         c.computed_tokens += n - base
-        c.reused_tokens_host += host_tokens
-        c.reused_tokens_device += base - host_tokens
+        c.reused_tokens_host_kv += host_tokens
+        c.reused_tokens_device_kv += base - host_tokens
         c.generated_tokens += material.generated_tokens
-        c.restored_bytes += staged.restored_host_bytes
+        kv_bytes = self.cache.index.geometry.page_bytes * (len(host_nodes) + int(tail_restore))
+        c.restored_kv_bytes += kv_bytes
+        c.restored_state_bytes += staged.restored_host_bytes - kv_bytes
+        c.host_resumed_requests += staged.restored_host_bytes > 0
         c.resumed_from_snapshot += staged.snapshot is not None
 
     def _plan_taps(

@@ -62,9 +62,10 @@ SWEEP_COLUMNS = (
     "host_cache_mib",
     "computed_tokens",
     "computed_vs_bound",
-    "reused_tokens_device",
-    "reused_tokens_host",
-    "restored_bytes",
+    "reused_tokens_device_kv",
+    "reused_tokens_host_kv",
+    "restored_kv_bytes",
+    "restored_state_bytes",
     "wall_seconds",
 )
 
@@ -80,9 +81,10 @@ def sweep_table(points: Sequence[SweepPoint]) -> list[str]:
                 str(point.host_cache_mib),
                 str(c.computed_tokens),
                 f"{point.result.computed_vs_bound:.4f}",
-                str(c.reused_tokens_device),
-                str(c.reused_tokens_host),
-                str(c.restored_bytes),
+                str(c.reused_tokens_device_kv),
+                str(c.reused_tokens_host_kv),
+                str(c.restored_kv_bytes),
+                str(c.restored_state_bytes),
                 f"{point.result.wall_seconds:.1f}",
             ]
         )
@@ -90,26 +92,77 @@ def sweep_table(points: Sequence[SweepPoint]) -> list[str]:
     return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
 
 
+# Each policy keeps one look in every plot: a marker, a line style and a colour, hollow markers of
+# different sizes so that a line lying on another still shows.
+POLICY_STYLES = {
+    "ours": {"marker": "o", "linestyle": "-", "color": "#1f77b4", "markersize": 10},
+    "lru": {"marker": "s", "linestyle": "--", "color": "#d62728", "markersize": 7},
+    "align": {"marker": "^", "linestyle": ":", "color": "#2ca02c", "markersize": 5},
+}
+_FALLBACK_STYLE = {"marker": "D", "linestyle": "-.", "markersize": 6}
+LOG_AXIS_SPAN = 10.0  # ratios spanning a decade or more get a log axis
+
+
+def token_unit(tokens: float) -> tuple[float, str]:
+    """(divisor, unit) that writes ``tokens`` with one to three digits before the point. Pure."""
+    for divisor, unit in ((1e9, "billion tokens"), (1e6, "million tokens"), (1e3, "thousand tokens")):
+        if tokens >= divisor:
+            return divisor, unit
+    return 1.0, "tokens"
+
+
+def ratio_ticks(low: float, high: float) -> list[float]:
+    """Round tick values for a log axis of ratios from ``low`` to ``high``. Pure."""
+    steps = (1, 1.2, 1.5, 2, 3, 5, 7)
+    decades = [10.0**k for k in range(-2, 5)]
+    ticks = [step * decade for decade in decades for step in steps]
+    return [tick for tick in ticks if low <= tick <= high]
+
+
 def plot_sweep(points: Sequence[SweepPoint], bound_tokens: int, title: str, out: Path) -> None:
-    """Computed prefill tokens vs host budget, one line per policy, the bound dashed. Writes ``out``."""
+    """Computed prefill tokens over the infinite-cache bound vs the host budget, one line per policy,
+    with the computed tokens themselves on the right axis. Writes ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    ratios = []
     for policy in dict.fromkeys(p.policy for p in points):
         mine = sorted((p for p in points if p.policy == policy), key=lambda p: p.host_cache_mib)
-        budgets = [p.host_cache_mib / 1024 for p in mine]
-        computed = [p.result.counters.computed_tokens / 1e6 for p in mine]
-        axes.plot(budgets, computed, marker="o", label=policy)
-    axes.axhline(bound_tokens / 1e6, color="black", linestyle="--", label="infinite-cache bound")
+        ratio = [p.result.computed_vs_bound for p in mine]
+        ratios += ratio
+        style = POLICY_STYLES.get(policy, _FALLBACK_STYLE)
+        axes.plot([p.host_cache_mib / 1024 for p in mine], ratio, label=policy, markerfacecolor="none",
+                  markeredgewidth=1.5, linewidth=1.5, **style)
+    axes.axhline(1.0, color="black", linewidth=1, label="infinite-cache bound (1.0)")
+    low, high = min(1.0, min(ratios)), max(ratios)
+    if high / low >= LOG_AXIS_SPAN:
+        axes.set_yscale("log")
+        axes.set_ylim(low / 1.08, high * 1.15)
+        axes.set_yticks(ratio_ticks(low / 1.08, high * 1.15))
+        axes.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    else:
+        axes.set_ylim(low - 0.03 * (high - low + 0.1), high + 0.05 * (high - low + 0.1))
+    budgets = sorted({p.host_cache_mib / 1024 for p in points})
+    axes.set_xticks(budgets, [f"{budget:g}" for budget in budgets])
     axes.set_xlabel("host cache budget (GiB)")
-    axes.set_ylabel("computed prefill tokens (millions)")
-    axes.set_title(title)
-    axes.set_ylim(bottom=0)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
+    axes.set_ylabel("computed prefill tokens / infinite-cache bound")
+    divisor, unit = token_unit(bound_tokens * max(ratios))
+    right = axes.secondary_yaxis(
+        "right", functions=(lambda r: r * bound_tokens / divisor, lambda t: t * divisor / bound_tokens)
+    )
+    right.set_ylabel(f"computed prefill tokens ({unit})")
+    if axes.get_yscale() == "log":
+        right.set_yticks([tick * bound_tokens / divisor for tick in axes.get_yticks()])
+    right.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:.3g}"))
+    right.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    axes.set_title(f"{title}\nlower is better; the bound, {bound_tokens:,} tokens, is what even an infinite "
+                   "cache computes", fontsize=10)
+    axes.grid(True, alpha=0.3, which="both")
+    axes.legend(title="policy")
     figure.tight_layout()
     figure.savefig(out)
     plt.close(figure)

@@ -1,0 +1,101 @@
+"""The engine's figures (``engine.stats()``, the body of /v1/cache/stats) as Prometheus metric families.
+
+One name, one meaning: a figure keeps its /v1/cache/stats name in /metrics, prefixed with
+``hybridcache:`` and, for a counter, suffixed with ``_total`` (Prometheus' convention). A figure whose
+value in /v1/cache/stats is an object becomes one sample per key, the key as a label. Every name says its
+unit (tokens, requests, bytes, blocks, events, snapshots). A figure the engine does not report reads 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import NamedTuple
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "hybridcache:"
+
+
+class Figure(NamedTuple):
+    """One figure of ``engine.stats()``: its key, help text, and for an object-valued one the label name
+    and the keys always exported (others the engine reports are exported too)."""
+
+    key: str
+    help: str
+    label: str | None = None
+    known: tuple[str, ...] = ()
+
+
+COUNTERS = (
+    Figure("prefix_cache_query_requests", "Requests admitted and looked up in the prefix cache."),
+    Figure("prefix_cache_hit_requests", "Requests that reused at least one prompt token."),
+    Figure("prefix_cache_query_tokens", "Prompt tokens of admitted requests (looked up in the cache)."),
+    Figure("prefix_cache_hit_tokens", "Prompt tokens reused (not recomputed), by the tier they came from.",
+           "source", ("device", "host")),
+    Figure("prefix_cache_inserted_prompt_tokens",
+           "Prompt tokens, in whole 64-token blocks, that requests added to the prefix cache."),
+    Figure("prefix_cache_eviction_events", "Cache eviction events, by tier.", "tier", ("device", "host")),
+    Figure("prefill_tokens", "Prompt tokens computed by prefill (the ones not reused)."),
+    Figure("output_tokens", "Tokens generated."),
+    Figure("requests_finished", "Requests the engine finished (any reason)."),
+    Figure("host_tier_restored_bytes", "Bytes copied from the Host tier to the device for reuse."),
+    Figure("host_tier_written_bytes", "Bytes copied from the device to the Host tier."),
+    Figure("host_tier_written_back_blocks", "KV blocks written to the Host tier when device eviction "
+           "would have lost them (write-back)."),
+    Figure("prefetched_blocks", "KV blocks copied from the Host tier ahead of their use."),
+    Figure("snapshot_taps_taken", "Recurrent-state snapshots (taps) taken during prefill."),
+    Figure("snapshot_taps_skipped", "Planned taps skipped."),
+    Figure("snapshot_taps_skipped_no_slot", "Taps skipped for want of a free device snapshot slot."),
+    Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
+)
+
+GAUGES = (
+    Figure("requests_running", "Requests holding a lane."),
+    Figure("requests_waiting", "Requests queued for admission."),
+    Figure("prefix_cache_nodes", "Blocks (nodes) in the prefix tree."),
+    Figure("prefix_cache_snapshots", "Recurrent-state snapshots in the prefix cache."),
+    Figure("device_pages_total", "Device KV pages (64 tokens each)."),
+    Figure("device_pages_free", "Device KV pages free."),
+    Figure("host_tier_capacity_bytes", "Host tier size in bytes."),
+    Figure("host_tier_bytes", "Host tier bytes in use by kind; the kinds add up to the bytes in use.",
+           "kind", ("kv_live", "kv_dead", "snapshot_images", "snapshot_tails")),
+    Figure("host_tier_superseded_snapshot_bytes",
+           "Host bytes of snapshots a later one superseded (part of host_tier_bytes)."),
+    Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
+)
+
+
+class EngineStatsCollector(Collector):
+    """Reads ``stats()`` at each scrape and yields its figures; holds no state of its own."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, object]], model_name: str) -> None:
+        self._stats = stats
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        for figure in COUNTERS:
+            yield self._family(CounterMetricFamily, figure, stats)
+        for figure in GAUGES:
+            yield self._family(GaugeMetricFamily, figure, stats)
+
+    def _family(self, kind: type[CounterMetricFamily] | type[GaugeMetricFamily], figure: Figure,
+                stats: Mapping[str, object]) -> Metric:
+        name = PREFIX + figure.key
+        if figure.label is None:
+            family = kind(name, figure.help, labels=["model_name"])
+            family.add_metric([self._model_name], _number(stats.get(figure.key)))
+            return family
+        family = kind(name, figure.help, labels=["model_name", figure.label])
+        values = stats.get(figure.key)
+        values = values if isinstance(values, Mapping) else {}
+        for label in [*figure.known, *sorted(str(key) for key in values if key not in figure.known)]:
+            family.add_metric([self._model_name, label], _number(values.get(label)))
+        return family
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, int | float) else 0.0
