@@ -73,10 +73,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while the engine serves; 503 once it reports that it is stopping."""
-    stopping = bool(server_state(request).engine.stats().get("stopping", False))
-    if stopping:
+    """200 while the engine serves; 503 once it reports that it is stopping.
+
+    A failed event journal leaves the answer 200 with ``"status": "degraded"`` and the problem named:
+    load balancers and Kubernetes probes (and vLLM's and SGLang's own /health contract) read any non-200
+    as "take this replica out", but the server still serves every request correctly; the journal only
+    records history. Monitoring sees the failure in the body and in ``journal_write_errors_total``."""
+    stats = server_state(request).engine.stats()
+    if stats.get("stopping", False):
         return web.json_response({"status": "stopping"}, status=503)
+    problems = [str(stats["journal_error"])] if stats.get("journal_error") else []
+    if problems:
+        return web.json_response({"status": "degraded", "problems": problems})
     return web.json_response({"status": "ok"})
 
 

@@ -15,6 +15,7 @@ Two sources:
   ``evictions``             {tier: count}, tiers ``device`` and ``host`` (cumulative)
   ``host_tier_bytes``       {kind: bytes}, kinds ``kv`` and ``snapshot`` (current)
   ``host_tier_capacity_bytes``  the host tier's size
+  ``journal_write_errors``  failed writes of the event journal (cumulative; 0 without --event-log)
   ========================  ==========================================================
 
 `ServerMetrics` mutates only itself (one per app, on the event loop); rendering is pure.
@@ -126,6 +127,9 @@ def render_prometheus(metrics: ServerMetrics, engine_stats: Mapping[str, object]
              _labelled_stat(engine_stats, "host_tier_bytes", HOST_BYTE_KINDS)])
     _family(out, "host_tier_capacity_bytes", "gauge", "Host tier size in bytes (from the engine).",
             [(model, _stat(engine_stats, "host_tier_capacity_bytes"))])
+    _family(out, "journal_write_errors_total", "counter",
+            "Failed writes of the event journal (--event-log); journaling stops at the first.",
+            [(model, _stat(engine_stats, "journal_write_errors"))])
     _family(out, "num_requests_running", "gauge", "Requests holding a lane.",
             [(model, _stat(engine_stats, "requests_running"))])
     _family(out, "num_requests_waiting", "gauge", "Requests waiting for admission.",

@@ -180,9 +180,10 @@ def save_prefix_cache(
         saved_unix=time.time(),
     )
     prelude = encode_prelude(header, block_records, snapshot_records)
+    # mkstemp creates the file with O_EXCL and mode 0600 in one call: it is never readable by others,
+    # not even for a moment (the file holds prompt tokens).
     descriptor, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        os.fchmod(descriptor, 0o600)
         with os.fdopen(descriptor, "wb", buffering=0) as stream:
             _write_all(stream, prelude, runs, host_memory, abandon, progress)
             os.fsync(stream.fileno())
