@@ -189,7 +189,8 @@ class Worker:
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         window = min(request.sampling.max_tokens, OUTPUT_WINDOW_TOKENS)
         return PromptInput(
-            prompt.token_ids, prompt.block_hashes, extras, (), window, enabled, token_bytes=prompt.token_bytes
+            prompt.token_ids, prompt.block_hashes, extras, (), window, enabled,
+            token_bytes=prompt.token_bytes, salt_key=prompt.extra_key,
         )
 
     def _prefetch_for(self, head: Request) -> None:
@@ -444,6 +445,9 @@ class Worker:
 
     # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
     def _take_tap(self, lane: LaneState, frontier: int) -> None:
+        if frontier < BLOCK_TOKENS and lane.request.prompt.extra_key:
+            lane.taps_skipped += 1  # a root-anchored snapshot cannot carry the salt (see cache/match.py)
+            return
         result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
         if result.slot is None:
             lane.taps_skipped += 1
