@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridcache.cache.checkpoint_round import CheckpointRound, checkpoint_parts
 from hybridcache.cache.facade_results import (
     FinishResult,
     HostWritePlan,
@@ -89,6 +90,7 @@ class Worker:
         self._waits: set[asyncio.Task[None]] = set()
         self._last_was_decode = False
         self._checkpointed_at = 0
+        self._checkpoint_round = CheckpointRound()
         self._prefetch_in_flight = False
         self._prefetch_head: Request | None = None
         self._prefetch_room = 0
@@ -145,11 +147,17 @@ class Worker:
         self._shutdown()
 
     def _maybe_checkpoint(self) -> None:
-        """With an event log, record the index digest every few thousand events (replay proves it)."""
+        """With an event log, record the index digest every few thousand events (replay proves it), one
+        slice after each unit (``cache/checkpoint_round.py``) so a large index never stalls the worker."""
         journal = self.engine.journal
-        if journal is not None and journal.events - self._checkpointed_at >= CHECKPOINT_EVERY_EVENTS:
-            self.cache.checkpoint()
-            self._checkpointed_at = journal.events
+        if journal is None:
+            return
+        if not self._checkpoint_round.active:
+            if journal.events - self._checkpointed_at < CHECKPOINT_EVERY_EVENTS:
+                return
+            self._checkpoint_round.begin(checkpoint_parts(self.cache.index))
+        self.cache.checkpoint(*self._checkpoint_round.take())
+        self._checkpointed_at = journal.events
 
     def _drain_inbox(self) -> None:
         while self._inbox:

@@ -28,8 +28,10 @@ from hybridcache.persistence.framing import FrameDamage, FrameReader, encode_fra
 log = get_logger(__name__)
 
 MAGIC = b"HCJOURNAL\x00"
-FORMAT_VERSION = 3  # 2: LaneStaged names its path by the deepest node (path_end); 3: Checkpoint digests
-# hash live_snapshots_below saturated at LIVE_BELOW_CAP (see BlockNode)
+FORMAT_VERSION = 4  # 2: LaneStaged names its path by the deepest node (path_end); 3: Checkpoint digests
+# hash live_snapshots_below saturated at LIVE_BELOW_CAP (see BlockNode); 4: a Checkpoint may digest one
+# slice of the state (part, parts; cache/checkpoint_round.py)
+READABLE_FORMATS = (3, 4)  # a format-3 journal reads as is: its Checkpoints are whole-state digests
 DEFAULT_MAX_SEGMENT_BYTES = 256 << 20
 
 
@@ -291,9 +293,10 @@ class JournalReader:
             self.header = _decode_header(first)
         except msgspec.DecodeError as error:
             raise JournalError(f"{self.path}: malformed journal header: {error}") from error
-        if self.header.format_version != FORMAT_VERSION:
+        if self.header.format_version not in READABLE_FORMATS:
             raise JournalError(
-                f"{self.path}: journal format {self.header.format_version}, this build reads {FORMAT_VERSION}"
+                f"{self.path}: journal format {self.header.format_version}, this build reads "
+                f"{', '.join(map(str, READABLE_FORMATS))}"
             )
 
     def payloads(self) -> Iterator[memoryview]:
