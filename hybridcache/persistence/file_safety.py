@@ -33,8 +33,9 @@ def create_private_file(path: str | os.PathLike[str]) -> int:
 
 def check_trusted_file(path: str | os.PathLike[str], what: str) -> None:
     """Refuse `path` when another user could have written it: the file (if it exists) must be a regular
-    file owned by this user and not group- or world-writable; its directory must be owned by this user
-    or root and not writable by others unless sticky (as /tmp is). Reads only. Raises UnsafeFileError."""
+    file owned by this user and not group- or world-writable, reached through no symlink of another
+    user; its directory must be owned by this user or root and not writable by others unless sticky (as
+    /tmp is). Reads only. Raises UnsafeFileError."""
     target = Path(path)
     me = os.geteuid()
     directory = target.parent
@@ -46,9 +47,13 @@ def check_trusted_file(path: str | os.PathLike[str], what: str) -> None:
         raise UnsafeFileError(f"the directory {directory} of the {what} is group- or world-writable "
                               f"(mode {stat.S_IMODE(info.st_mode):04o}); another user could replace the file")
     try:
+        link = os.lstat(target)
         info = os.stat(target)
     except FileNotFoundError:
         return
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise UnsafeFileError(f"the {what} {target} is a symlink owned by another user (uid {link.st_uid}); "
+                              "they could point it elsewhere")
     if not stat.S_ISREG(info.st_mode):
         raise UnsafeFileError(f"the {what} {target} is not a regular file")
     if info.st_uid != me:

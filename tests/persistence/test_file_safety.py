@@ -114,6 +114,28 @@ def _directory_owned_by_root(real_stat, directory: Path):
     return fake
 
 
+def test_a_symlink_planted_by_another_user_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    own = tmp_path / "mine.bin"
+    own.write_bytes(b"")
+    os.chmod(own, 0o600)
+    link = tmp_path / "cache.bin"
+    os.symlink(own, link)
+    resolve_cache(prefix_cache_file=str(link))  # a link of this user's is fine
+    real_lstat = os.lstat
+
+    def lstat_as_someone_else(path, *args, **kwargs):
+        result = real_lstat(path, *args, **kwargs)
+        if Path(path) == link:
+            fields = list(result)
+            fields[stat.ST_UID] = os.geteuid() + 1
+            return os.stat_result(fields)
+        return result
+
+    monkeypatch.setattr(os, "lstat", lstat_as_someone_else)
+    with pytest.raises(OptionError, match="symlink owned by another user"):
+        resolve_cache(prefix_cache_file=str(link))
+
+
 def test_a_directory_others_can_write_is_refused_unless_sticky(tmp_path: Path):
     shared = tmp_path / "shared"
     shared.mkdir()
