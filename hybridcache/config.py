@@ -17,6 +17,7 @@ import msgspec
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import derive_tap_options
 from hybridcache.cache.write_back import HostWrite
+from hybridcache.persistence.file_safety import UnsafeFileError, check_distinct_files, check_trusted_file
 
 DEFAULT_HOST_CACHE_MIB = 8192
 MAX_CONCURRENCY_LIMIT = 8
@@ -140,6 +141,12 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         min_gap_tokens=cache.tap_min_gap_tokens,
     )
     slots = default_snapshot_slots(options.max_concurrency, host_tier)
+    cache_file = _checked_file_path(cache.prefix_cache_file, "--prefix-cache-file", "prefix-cache file")
+    event_log = _checked_file_path(cache.event_log, "--event-log", "event log")
+    try:
+        check_distinct_files(cache_file, event_log)
+    except UnsafeFileError as error:
+        raise OptionError("--prefix-cache-file", str(error)) from None
     effective_cache = EffectiveCacheOptions(
         prefix_reuse=cache.prefix_reuse,
         host_cache_bytes=host_mib << 20,
@@ -147,8 +154,8 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         max_new_taps=taps.max_new_taps,
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
-        prefix_cache_file=_checked_file_path(cache.prefix_cache_file, "--prefix-cache-file"),
-        event_log=_checked_file_path(cache.event_log, "--event-log"),
+        prefix_cache_file=cache_file,
+        event_log=event_log,
         host_write=HostWrite(cache.host_write or HostWrite.BACK),
     )
     return EffectiveOptions(
@@ -216,8 +223,9 @@ def _check_cache_fields(cache: CacheOptions) -> None:
         raise OptionError("--host-write", f"must be back or through, not {cache.host_write!r}")
 
 
-def _checked_file_path(path: str | None, flag: str) -> str | None:
-    """Resolve a file path to an absolute one; reject a directory or a missing parent directory."""
+def _checked_file_path(path: str | None, flag: str, what: str) -> str | None:
+    """Resolve a file path to an absolute one; reject a directory, a missing parent directory, and a file
+    or directory another user could write (see persistence/file_safety.py). Reads the file system only."""
     if path is None:
         return None
     if not path:
@@ -227,4 +235,8 @@ def _checked_file_path(path: str | None, flag: str) -> str | None:
         raise OptionError(flag, f"{resolved} is a directory; give a file path")
     if not resolved.parent.is_dir():
         raise OptionError(flag, f"the parent directory {resolved.parent} does not exist")
+    try:
+        check_trusted_file(resolved, what)
+    except UnsafeFileError as error:
+        raise OptionError(flag, str(error)) from None
     return str(resolved)

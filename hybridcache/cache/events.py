@@ -20,9 +20,12 @@ class _Event(msgspec.Struct, frozen=True, tag=True, array_like=True):
 
 
 class Checkpoint(_Event, frozen=True):
-    """A digest of the index state after event ``seq - 1`` (replay proves it)."""
+    """A digest of the index state after event ``seq - 1`` (replay proves it): of slice ``part`` of
+    ``parts`` (``cache/digest.py``); ``parts == 1`` digests the whole state."""
 
     digest: int
+    part: int = 0
+    parts: int = 1
 
 
 class RestoreOpened(_Event, frozen=True):

@@ -128,9 +128,11 @@ class Cache(PublicationCalls):
         for event in plan_revalue(self.index, snaps, self.cost):
             self._apply(event)
 
-    def checkpoint(self) -> ev.Checkpoint:
-        """Apply (and journal) a Checkpoint of the current digest. Mutates seq only."""
-        event = ev.Checkpoint(self.index.seq + 1, self.index.digest())
+    def checkpoint(self, part: int = 0, parts: int = 1) -> ev.Checkpoint:
+        """Apply (and journal) a Checkpoint of the digest of slice ``part`` of ``parts`` of the state (the
+        whole state by default; see ``checkpoint_round``), digested once. Mutates seq only."""
+        digest = self.index.checkpoint_digest(part, parts)
+        event = ev.Checkpoint(self.index.seq + 1, digest, part, parts)
         self.index.apply(event)
         if self.journal is not None:
             self.journal.append(event)

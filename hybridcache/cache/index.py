@@ -51,6 +51,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         self.geometry = geometry
         self.seq = 0
         self.checkpoints = 0  # Checkpoint events applied: the only events that leave cache_epoch alone
+        self._digest_memo: tuple[tuple[int, int, int], int] | None = None  # see checkpoint_digest()
         self.gdsf_l = 0.0
         self.root = BlockNode(ROOT_NODE, None, HASH_SEED, (), 0)
         self.root.device_state = _RESIDENT
@@ -125,7 +126,9 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
         return self.seq - self.checkpoints
 
     def _apply_checkpoint(self, event: ev.Checkpoint) -> None:
-        if event.digest != self.digest():
+        if not 0 <= event.part < event.parts:
+            raise EventRejected(f"Checkpoint at seq {event.seq}: part {event.part} of {event.parts}")
+        if event.digest != self._checkpoint_state_digest(event.part, event.parts):
             raise EventRejected(f"Checkpoint at seq {event.seq}: digest differs from the index state")
         self.checkpoints += 1
 
@@ -352,9 +355,26 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
                 raise EventRejected(f"{what}: page {page} is not free")
 
     # ------------------------------------------------------------------ digest
-    def digest(self) -> int:
-        """A stable 64-bit hash of the full logical state (replay checks). Pure."""
-        return int.from_bytes(hashlib.blake2b(state_bytes(self), digest_size=8).digest(), "little")
+    def digest(self, part: int = 0, parts: int = 1) -> int:
+        """A stable 64-bit hash of slice ``part`` of ``parts`` of the logical state (the whole state by
+        default; replay checks). Pure."""
+        return int.from_bytes(
+            hashlib.blake2b(state_bytes(self, part, parts), digest_size=8).digest(), "little"
+        )
+
+    def checkpoint_digest(self, part: int = 0, parts: int = 1) -> int:
+        """``digest(part, parts)``, remembered for the Checkpoint event about to be applied at this
+        ``seq``, so the live index digests each slice once (replay has no memo and recomputes).
+        Mutates only the memo."""
+        value = self.digest(part, parts)
+        self._digest_memo = ((self.seq, part, parts), value)
+        return value
+
+    def _checkpoint_state_digest(self, part: int, parts: int) -> int:
+        memo, self._digest_memo = self._digest_memo, None
+        if memo is not None and memo[0] == (self.seq, part, parts):
+            return memo[1]
+        return self.digest(part, parts)
 
 
 __all__ = ["EventRejected", "PageOwnerKind", "PrefixIndex"]

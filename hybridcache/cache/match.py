@@ -45,6 +45,7 @@ class PromptInput(msgspec.Struct, frozen=True):
     output_tokens: int = 0  # bounded output window + per-lane cushion, in tokens
     enabled: bool = True  # False: no prefix reuse (warmup, --no-prefix-reuse)
     token_bytes: bytes | None = None  # optional: tokens packed as uint32 LE (records.pack_tokens); faster
+    salt_key: int = 0  # the cache salt's extra key (0: none); a salted prompt never matches root snapshots
 
 
 class Match(NamedTuple):
@@ -111,7 +112,10 @@ def match(index: PrefixIndex, prompt: PromptInput) -> Match:
         packed = pack_tokens(tokens[: limit * BLOCK_TOKENS])
     path = _walk_bytes(index.root, packed, hashes, extras, limit)
     candidates: list[Snapshot] = []
-    for anchor in (index.root, *path):
+    # A snapshot anchored at the root (frontier < 64) has no block whose extra key carries the cache
+    # salt, so only unsalted prompts create (core/worker.py, _take_tap) or match one: tenants never
+    # share a state below their first block.
+    for anchor in path if prompt.salt_key else (index.root, *path):
         for snap in anchor.snapshots:
             frontier = snap.frontier
             if frontier > n - 1:

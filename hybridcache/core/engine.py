@@ -87,9 +87,13 @@ class Engine:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start the worker task on the running loop. Idempotent."""
+        """Start the worker task on the running loop; the event log begins to be written (a previous
+        run's journal is rotated away only now, so a start that fails earlier leaves it as it was).
+        Idempotent."""
         if self._task is not None:
             return
+        if self.journal is not None:
+            self.journal.writer.release()
         self._worker = Worker(self, self._compute)
         self._task = asyncio.create_task(self._worker.run(), name="hybridcache-worker")
         self._task.add_done_callback(self._worker_ended)
@@ -111,10 +115,19 @@ class Engine:
         if self._fingerprint is not None and self._failure is None:
             await asyncio.get_running_loop().run_in_executor(None, self._save_prefix_cache)
         self.save_finished.set()
-        if self.journal is not None:
-            self.cache.checkpoint()
+        try:
+            if self.journal is not None:
+                self.cache.checkpoint()
+                self._close_journal()
+        finally:
+            self.runtime.close()
+
+    def _close_journal(self) -> None:
+        assert self.journal is not None
+        try:
             self.journal.writer.close()
-        self.runtime.close()
+        except OSError as error:  # already logged when it happened; the stop goes on
+            log.error("%s (the journal ends before the stop)", error)
 
     # -- the prefix-cache file (§5.5) --------------------------------------------------------------
     def _load_prefix_cache(self, path: str) -> None:
@@ -192,10 +205,24 @@ class Engine:
             "host_tier_bytes": host_tier_composition(index),
             "host_tier_superseded_snapshot_bytes": superseded_snapshot_bytes(index),
             **device_counts(index),
+            **self._journal_stats(),
         }
         if worker is not None:
             stats.update(worker.counters.as_dict())
         return stats
+
+    def _journal_stats(self) -> dict[str, object]:
+        """`journal_write_errors` (a counter for /metrics) and `journal_error` (the message, or None:
+        /health reports the server degraded while it is set). Empty without an event log."""
+        if self.journal is None:
+            return {}
+        writer = self.journal.writer
+        failed = writer.failed
+        return {
+            "journal_write_errors": writer.write_errors,
+            "journal_events_dropped": writer.events_dropped,
+            "journal_error": None if failed is None else f"event journal {writer.path}: {failed}",
+        }
 
     def check_integrity(self) -> None:
         """Rebuild every derived counter of the index and compare (raises IntegrityError)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridcache.cache.checkpoint_round import CheckpointRound, checkpoint_parts
 from hybridcache.cache.facade_results import (
     CommitResult,
     FinishResult,
@@ -91,6 +92,7 @@ class Worker:
         self._waits: set[asyncio.Task[None]] = set()
         self._last_was_decode = False
         self._checkpointed_at = 0
+        self._checkpoint_round = CheckpointRound()
         self._prefetch_in_flight = False
         self._prefetch_head: Request | None = None
         self._prefetch_room = 0
@@ -158,11 +160,17 @@ class Worker:
             asyncio.get_running_loop().run_in_executor(self.compute, self._trim_heap)
 
     def _maybe_checkpoint(self) -> None:
-        """With an event log, record the index digest every few thousand events (replay proves it)."""
+        """With an event log, record the index digest every few thousand events (replay proves it), one
+        slice after each unit (``cache/checkpoint_round.py``) so a large index never stalls the worker."""
         journal = self.engine.journal
-        if journal is not None and journal.events - self._checkpointed_at >= CHECKPOINT_EVERY_EVENTS:
-            self.cache.checkpoint()
-            self._checkpointed_at = journal.events
+        if journal is None:
+            return
+        if not self._checkpoint_round.active:
+            if journal.events - self._checkpointed_at < CHECKPOINT_EVERY_EVENTS:
+                return
+            self._checkpoint_round.begin(checkpoint_parts(self.cache.index))
+        self.cache.checkpoint(*self._checkpoint_round.take())
+        self._checkpointed_at = journal.events
 
     def _drain_inbox(self) -> None:
         while self._inbox:
@@ -202,7 +210,8 @@ class Worker:
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         window = min(request.sampling.max_tokens, OUTPUT_WINDOW_TOKENS)
         return PromptInput(
-            prompt.token_ids, prompt.block_hashes, extras, (), window, enabled, token_bytes=prompt.token_bytes
+            prompt.token_ids, prompt.block_hashes, extras, (), window, enabled,
+            token_bytes=prompt.token_bytes, salt_key=prompt.extra_key,
         )
 
     def _prefetch_for(self, head: Request) -> None:
@@ -457,6 +466,9 @@ class Worker:
 
     # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
     def _take_tap(self, lane: LaneState, frontier: int) -> None:
+        if frontier < BLOCK_TOKENS and lane.request.prompt.extra_key:
+            lane.taps_skipped += 1  # a root-anchored snapshot cannot carry the salt (see cache/match.py)
+            return
         result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
         if result.slot is None:
             lane.taps_skipped += 1

@@ -25,6 +25,7 @@ from hybridcache.http.chat_output import collect_chat, finish_kind, new_tool_cal
 from hybridcache.http.errors import bad_request, error_body, from_engine_error
 from hybridcache.http.generation import Generation
 from hybridcache.http.output_parser import OutputParser, ParsedToolCall, Segment
+from hybridcache.http.request_limits import check_conversation_size
 from hybridcache.http.request_prep import (
     build_sampling,
     connection_probe,
@@ -32,6 +33,7 @@ from hybridcache.http.request_prep import (
     prepare,
     prompt_opens_reasoning,
     resolve_max_tokens,
+    stop_strings,
 )
 from hybridcache.http.state import server_state
 
@@ -45,6 +47,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     state = server_state(request)
     body = await decode_body(request, MessagesRequest)
     state.check_model(body.model)
+    check_conversation_size(body.messages, body.tools)
+    stops = stop_strings(body.stop_sequences, "stop_sequences")
     chat = template_input(body)
     prompt = await prepare(
         state.frontend.prepare_chat, chat.messages, chat.tools, template_kwargs=chat.template_kwargs,
@@ -57,7 +61,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     parser = OutputParser(starts_in_reasoning=prompt_opens_reasoning(state.frontend.tokenizer, prompt),
                           parse_tools=chat.parse_tools)
     run = Generation(state.engine, state.frontend.tokenizer, prompt, sampling,
-                     request_id=f"msg_{uuid.uuid4().hex[:24]}", stops=tuple(body.stop_sequences or ()),
+                     request_id=f"msg_{uuid.uuid4().hex[:24]}", stops=stops,
                      metrics=state.metrics, started_at=started_at, is_connected=connection_probe(request))
     async with run:
         try:

@@ -27,6 +27,7 @@ from hybridcache.http.openai_chat import chat_completions
 from hybridcache.http.openai_completions import completions
 from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.state import STATE_KEY, FrontendLike, ServerState, server_state
+from hybridcache.http.waiting_cap import WaitingCap, waiting_cap_middleware
 from hybridcache.logs import get_logger
 
 log = get_logger(__name__)
@@ -35,7 +36,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOptions) -> web.Application:
     """Build the application serving `engine` through `frontend`. Pure construction; nothing runs yet."""
-    app = web.Application(client_max_size=options.max_body_bytes, middlewares=[error_middleware])
+    waiting = WaitingCap(options.max_concurrency, options.waiting_limit)
+    app = web.Application(client_max_size=options.max_body_bytes,
+                          middlewares=[error_middleware, waiting_cap_middleware(waiting)])
     app[STATE_KEY] = ServerState(engine, frontend, options)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -49,11 +52,14 @@ def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOp
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authenticate /v1/ routes; render every refusal in the route's envelope; never let one escape."""
+    """Authenticate /v1/ routes (and /metrics when asked); render every refusal in the route's envelope;
+    never let one escape."""
     state = server_state(request)
     protocol = protocol_of_path(request.path)
     try:
-        if request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/") or (
+            request.path == "/metrics" and state.options.metrics_require_api_key
+        ):
             authenticate(request, state.options.api_keys)
         return await handler(request)
     except ApiError as error:
@@ -73,10 +79,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 while the engine serves; 503 once it reports that it is stopping."""
-    stopping = bool(server_state(request).engine.stats().get("stopping", False))
-    if stopping:
+    """200 while the engine serves; 503 once it reports that it is stopping.
+
+    A failed event journal leaves the answer 200 with ``"status": "degraded"`` and the problem named:
+    load balancers and Kubernetes probes (and vLLM's and SGLang's own /health contract) read any non-200
+    as "take this replica out", but the server still serves every request correctly; the journal only
+    records history. Monitoring sees the failure in the body and in
+    ``hybridcache:journal_write_errors_total``."""
+    stats = server_state(request).engine.stats()
+    if stats.get("stopping", False):
         return web.json_response({"status": "stopping"}, status=503)
+    problems = [str(stats["journal_error"])] if stats.get("journal_error") else []
+    if problems:
+        return web.json_response({"status": "degraded", "problems": problems})
     return web.json_response({"status": "ok"})
 
 

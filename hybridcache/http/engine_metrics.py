@@ -48,6 +48,8 @@ COUNTERS = (
     Figure("snapshot_taps_skipped", "Planned taps skipped."),
     Figure("snapshot_taps_skipped_no_slot", "Taps skipped for want of a free device snapshot slot."),
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
+    Figure("journal_write_errors",
+           "Failed writes of the event journal (--event-log); journaling stops at the first."),
 )
 
 GAUGES = (

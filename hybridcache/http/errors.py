@@ -17,7 +17,8 @@ from aiohttp import web
 from hybridcache.core.api import RequestError
 
 ErrorKind = Literal[
-    "invalid_request", "authentication", "not_found", "too_large", "timeout", "unavailable", "internal"
+    "invalid_request", "authentication", "not_found", "too_large", "timeout", "unavailable", "internal",
+    "rate_limited",
 ]
 Protocol = Literal["openai", "anthropic"]
 
@@ -29,6 +30,7 @@ _OPENAI_TYPES: dict[str, str] = {
     "timeout": "timeout_error",
     "unavailable": "service_unavailable_error",
     "internal": "server_error",
+    "rate_limited": "rate_limit_error",
 }
 _ANTHROPIC_TYPES: dict[str, str] = {
     "invalid_request": "invalid_request_error",
@@ -38,6 +40,7 @@ _ANTHROPIC_TYPES: dict[str, str] = {
     "timeout": "timeout_error",
     "unavailable": "overloaded_error",
     "internal": "api_error",
+    "rate_limited": "rate_limit_error",
 }
 _ENGINE_ERRORS: dict[str, tuple[int, ErrorKind]] = {
     "unavailable": (503, "unavailable"),
@@ -49,11 +52,14 @@ _VALIDATION_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
 
 
 class ApiError(Exception):
-    """A refused request: HTTP `status`, a client-facing `message`, the neutral `kind`, the field at fault."""
+    """A refused request: HTTP `status`, a client-facing `message`, the neutral `kind`, the field at fault,
+    and any `headers` the response carries (Retry-After on a 429)."""
 
     def __init__(self, status: int, message: str, kind: ErrorKind = "invalid_request",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = dict(headers or {})
         self.status = status
         self.message = message
         self.kind = kind
@@ -97,7 +103,7 @@ def error_body(error: ApiError, protocol: Protocol) -> dict[str, object]:
 def error_response(error: ApiError, protocol: Protocol) -> web.Response:
     """An HTTP response carrying `error` in `protocol`'s envelope. Pure construction."""
     return web.Response(body=msgspec.json.encode(error_body(error, protocol)), status=error.status,
-                        content_type="application/json")
+                        content_type="application/json", headers=error.headers)
 
 
 def protocol_of_path(path: str) -> Protocol:

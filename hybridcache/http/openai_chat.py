@@ -22,6 +22,7 @@ from hybridcache.http.openai_common import chat_logprobs, finish_reason, stream_
 from hybridcache.http.openai_messages import chat_input
 from hybridcache.http.openai_schemas import ChatCompletionRequest
 from hybridcache.http.output_parser import OutputParser, Segment
+from hybridcache.http.request_limits import check_conversation_size
 from hybridcache.http.request_prep import (
     build_sampling,
     check_single_choice,
@@ -43,6 +44,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await decode_body(request, ChatCompletionRequest)
     state.check_model(body.model)
     check_single_choice(body.n)
+    check_conversation_size(body.messages, body.tools)
+    stops = stop_strings(body.stop)
     chat = chat_input(body)
     prompt = await prepare(
         state.frontend.prepare_chat, chat.messages, chat.tools,
@@ -60,7 +63,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     parser = OutputParser(starts_in_reasoning=prompt_opens_reasoning(state.frontend.tokenizer, prompt),
                           parse_tools=chat.parse_tools)
     run = Generation(state.engine, state.frontend.tokenizer, prompt, sampling,
-                     request_id=new_request_id("chatcmpl"), stops=stop_strings(body.stop),
+                     request_id=new_request_id("chatcmpl"), stops=stops,
                      metrics=state.metrics, started_at=started_at, is_connected=connection_probe(request))
     async with run:
         try:

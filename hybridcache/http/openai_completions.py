@@ -43,17 +43,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state.check_model(body.model)
     check_single_choice(body.n)
     _check_unsupported(body)
+    stops = stop_strings(body.stop)
     prompt = await _prepare_prompt(state, body.prompt, request_cache_salt(request, body.cache_salt))
     max_tokens = resolve_max_tokens(body.max_tokens, prompt.num_tokens, state.max_model_len,
                                     default=COMPLETIONS_DEFAULT_MAX_TOKENS)
     sampling = build_sampling(
-        max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        {"top_logprobs": "logprobs"}, max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
+        top_k=body.top_k,
         min_p=body.min_p, seed=body.seed, stop_token_ids=body.stop_token_ids,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty, logprobs=True if body.logprobs is not None else None,
         top_logprobs=body.logprobs or None, ignore_eos=body.ignore_eos)
     run = Generation(state.engine, state.frontend.tokenizer, prompt, sampling,
-                     request_id=new_request_id("cmpl"), stops=stop_strings(body.stop), metrics=state.metrics,
+                     request_id=new_request_id("cmpl"), stops=stops, metrics=state.metrics,
                      started_at=started_at, is_connected=connection_probe(request))
     echo = state.frontend.tokenizer.decode(prompt.token_ids) if body.echo else ""
     async with run:

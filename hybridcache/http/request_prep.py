@@ -18,6 +18,7 @@ from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import FrontendError, Tokenizer
 from hybridcache.http.errors import ApiError, bad_request, from_validation_error
 from hybridcache.http.output_parser import THINK_OPEN
+from hybridcache.http.request_limits import checked_stop_strings
 
 Body = TypeVar("Body")
 _TAIL_TOKENS = 8
@@ -75,11 +76,10 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
     return budget
 
 
-def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
-    """The stop strings of a request field (a string or a list). Pure."""
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
+def stop_strings(stop: str | list[str] | None, param: str = "stop") -> tuple[str, ...]:
+    """The stop strings of a request field (a string or a list). Raises ApiError 400 beyond the limits
+    of `request_limits`."""
+    return checked_stop_strings(stop, param)
 
 
 def check_single_choice(n: int) -> None:

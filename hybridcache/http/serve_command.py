@@ -46,7 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model name clients use (default: the checkpoint directory's name)",
     )
     server.add_argument(
-        "--api-key", action="append", default=None, help="require this bearer key (repeatable)"
+        "--api-key", action="append", default=None,
+        help="require this bearer key (repeatable; argv is visible to local users: prefer --api-key-file "
+        "or HYBRIDCACHE_API_KEY)",
+    )
+    server.add_argument(
+        "--api-key-file", default=None, help="require the keys in this file (one per line, # comments)"
+    )
+    server.add_argument(
+        "--metrics-require-api-key", action="store_true", help="require an API key on /metrics too"
+    )
+    server.add_argument(
+        "--max-waiting", type=int, default=None,
+        help="requests that may wait for a lane; more get 429 with Retry-After (default 64 x "
+        "--max-concurrency)",
     )
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     server.add_argument(

@@ -28,7 +28,8 @@ from hybridcache.cache.records import SnapshotKind
 from hybridcache.persistence.fingerprint import CacheFingerprint
 
 MAGIC = b"HCPREFIX"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: superseded snapshots are saved too, flagged in their record
+READABLE_FORMATS = (1, 2)  # a format-1 file reads as is: every record it holds is retained
 PROLOGUE = struct.Struct("<8sII")
 SECTION = struct.Struct("<QQ")
 DATA_ALIGN = 4096
@@ -83,6 +84,7 @@ class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
     gdsf_h: float  # informational: H when saved (its time base is not restored)
     offset: int
     checksum: int
+    superseded: bool = False  # format 2: restored as superseded (valued and evicted as such)
 
 
 class CacheFileTables(msgspec.Struct, frozen=True):
@@ -147,8 +149,10 @@ def read_tables(stream: BinaryIO, file_bytes: int) -> CacheFileTables:
     magic, version, _reserved = PROLOGUE.unpack(raw)
     if magic != MAGIC:
         raise CacheFileError("not a hybridcache prefix-cache file (wrong magic bytes)", 0)
-    if version != FORMAT_VERSION:
-        raise CacheFileError(f"file format {version}, this build reads {FORMAT_VERSION}", 8)
+    if version not in READABLE_FORMATS:
+        raise CacheFileError(
+            f"file format {version}, this build reads {', '.join(map(str, READABLE_FORMATS))}", 8
+        )
     offset = PROLOGUE.size
     sections = []
     for name in ("header", "block table", "snapshot table"):
@@ -156,7 +160,7 @@ def read_tables(stream: BinaryIO, file_bytes: int) -> CacheFileTables:
         sections.append((payload, offset))
         offset += SECTION.size + len(payload)
     header = _decode(sections[0], _decode_header, "header")
-    if header.format_version != FORMAT_VERSION:
+    if header.format_version != version:
         raise CacheFileError(f"header says format {header.format_version}", sections[0][1])
     blocks = _decode(sections[1], _decode_blocks, "block table")
     snapshots = _decode(sections[2], _decode_snapshots, "snapshot table")

@@ -29,11 +29,17 @@ class JournalSink:
 
 
 def open_journal(
-    path: str, model_dir: str, geometry: CacheGeometry, options: dict[str, object]
+    path: str,
+    model_dir: str,
+    geometry: CacheGeometry,
+    options: dict[str, object],
 ) -> JournalSink:
-    """Start the journal at `path` with a header that lets `hybridcache replay` rebuild the index:
-    `options["geometry"]` is the CacheGeometry as a dict."""
+    """Make the journal at `path` with a header that lets `hybridcache replay` rebuild the index:
+    `options["geometry"]` is the CacheGeometry as a dict. The journal holds its events (touching no file)
+    until `writer.release()`, which the engine calls when it starts serving."""
     header_options = {**options, "geometry": msgspec.to_builtins(geometry)}
     fingerprint = {"model_dir": model_dir, "version": __version__}
-    writer = JournalWriter(path, fingerprint=fingerprint, options=header_options, encode=encode_event)
+    writer = JournalWriter(
+        path, fingerprint=fingerprint, options=header_options, encode=encode_event, hold=True
+    )
     return JournalSink(writer)

@@ -6,7 +6,9 @@ frame per encoded event (see `framing`). The worker calls `append_record()` (a l
 lock: no encoding on the worker); a writer thread encodes, frames and writes batches. When a segment
 passes `max_segment_bytes` it is renamed to `PATH.<n>` (n = 1, 2, … oldest first) and a new `PATH`
 begins, so `PATH` is always the newest segment. A crash leaves at most a torn last frame, which readers
-report and stop at.
+report and stop at. Nothing on disk changes until the first batch is written (a previous run's `PATH`
+is renamed away then, not when the writer is made), so a start that fails before it serves leaves the
+journal as it found it. Segments are created 0600 (see `file_safety`).
 """
 
 from __future__ import annotations
@@ -15,15 +17,21 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
+from hybridcache.logs import get_logger
+from hybridcache.persistence.file_safety import create_private_file
 from hybridcache.persistence.framing import FrameDamage, FrameReader, encode_frame
 
+log = get_logger(__name__)
+
 MAGIC = b"HCJOURNAL\x00"
-FORMAT_VERSION = 3  # 2: LaneStaged names its path by the deepest node (path_end); 3: Checkpoint digests
-# hash live_snapshots_below saturated at LIVE_BELOW_CAP (see BlockNode)
+FORMAT_VERSION = 4  # 2: LaneStaged names its path by the deepest node (path_end); 3: Checkpoint digests
+# hash live_snapshots_below saturated at LIVE_BELOW_CAP (see BlockNode); 4: a Checkpoint may digest one
+# slice of the state (part, parts; cache/checkpoint_round.py)
+READABLE_FORMATS = (3, 4)  # a format-3 journal reads as is: its Checkpoints are whole-state digests
 DEFAULT_MAX_SEGMENT_BYTES = 256 << 20
 
 
@@ -43,6 +51,12 @@ _encode_header = msgspec.msgpack.Encoder().encode
 _decode_header = msgspec.msgpack.Decoder(JournalHeader).decode
 
 
+def create_segment_file(path: Path) -> BinaryIO:
+    """A new segment file at `path`, created 0600 in one call. Raises OSError (FileExistsError if it
+    exists)."""
+    return os.fdopen(create_private_file(path), "wb")
+
+
 class JournalWriter:
     """Appends events to a journal in a background thread.
 
@@ -51,8 +65,15 @@ class JournalWriter:
     writer thread sleeps while nothing is queued; the first queued event wakes it, it lets a batch gather
     for `flush_interval_s` (the most an event waits to reach the file), then encodes, frames and writes
     the batch with one write call. `flush()` returns once everything appended so far is on disk (with
-    `fsync=True`, durably). `close()` flushes and stops the thread. A write error is kept and raised by
-    the next `flush()`/`close()`.
+    `fsync=True`, durably). `close()` flushes and stops the thread.
+
+    With `hold=True` events queue but nothing is written (and no file is touched) until `release()`,
+    `flush()` or `close()`: the engine holds its journal until it starts serving.
+
+    A write error (disk full, I/O error) is logged at once, counted in `write_errors`, passed to
+    `on_error` (on the writer thread), and raised by the next `flush()`/`close()`. Journaling stops there:
+    later events are counted in `events_dropped`, never written after a gap, so the file stays a
+    replayable prefix of the history.
     """
 
     def __init__(
@@ -63,6 +84,9 @@ class JournalWriter:
         max_segment_bytes: int = DEFAULT_MAX_SEGMENT_BYTES,
         flush_interval_s: float = 0.05,
         encode: Callable[[Any], bytes] | None = None,
+        hold: bool = False,
+        open_segment: Callable[[Path], BinaryIO] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.path = Path(path)
         self._fingerprint = dict(fingerprint or {})
@@ -70,22 +94,29 @@ class JournalWriter:
         self._max_segment_bytes = max_segment_bytes
         self._flush_interval_s = flush_interval_s
         self._encode = encode
+        self._open_file = open_segment or create_segment_file  # tests inject failing files here
+        self._on_error = on_error
         self._pending: list[tuple[int, Any]] = []
         self._lock = threading.Condition(threading.Lock())
         self._appended = 0
         self._written = 0
         self.batches_written = 0  # write calls so far (the writer thread's wake-ups that found events)
+        self.write_errors = 0  # failed writes (at most one: journaling stops at the first)
+        self.events_dropped = 0  # events not written because of a failed write
+        self._held = hold
         self._flush_wanted = False
         self._closing = False
         self._error: BaseException | None = None
-        self._segment = _next_segment_number(self.path)
-        self._file = None
-        if self.path.exists():  # a previous run's newest segment is kept, never truncated
-            os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
-            self._segment += 1
+        self._segment: int | None = None  # the number the next rotation gives PATH; set at the first write
+        self._file: BinaryIO | None = None
         self._file_bytes = 0
         self._thread = threading.Thread(target=self._run, name="hybridcache-journal", daemon=True)
         self._thread.start()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The write error that stopped journaling, or None while it works."""
+        return self._error
 
     def append(self, seq: int, payload: bytes) -> None:
         """Queue one encoded event with its sequence number. Cheap; never touches the disk."""
@@ -105,10 +136,17 @@ class JournalWriter:
             if len(self._pending) == 1:  # the writer sleeps until a batch begins
                 self._lock.notify_all()
 
+    def release(self) -> None:
+        """End a hold: queued events are written from now on. Idempotent."""
+        with self._lock:
+            self._held = False
+            self._lock.notify_all()
+
     def flush(self, fsync: bool = False) -> None:
         """Block until every appended event is written; raises the writer's error if it had one."""
         with self._lock:
             target = self._appended
+            self._held = False
             self._flush_wanted = True
             self._lock.notify_all()
             while self._written < target and self._error is None and self._thread.is_alive():
@@ -119,26 +157,46 @@ class JournalWriter:
                 os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        """Flush, fsync and stop the writer thread. Idempotent."""
+        """Flush, fsync and stop the writer thread; the file is closed even after a write error, which is
+        then raised as OSError. Idempotent."""
         with self._lock:
+            self._held = False
             self._closing = True
             self._lock.notify_all()
         self._thread.join()
         if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            try:
+                file.flush()
+                os.fsync(file.fileno())
+            except OSError as error:
+                self._fail(error)
+            finally:
+                try:
+                    file.close()
+                except OSError as error:
+                    self._fail(error)
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise OSError(f"event journal {self.path}: {self._error}") from self._error
 
+    def _fail(self, error: BaseException) -> None:
+        """Record a write error and report it at once (on the writer thread)."""
+        first = self._error is None
+        self.write_errors += 1
+        if first:
+            self._error = error
+            log.error("event journal %s: write failed: %s; journaling stopped (later events are not "
+                      "recorded; the cache keeps serving)", self.path, error)
+        if self._on_error is not None:
+            self._on_error(error)
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._pending and not self._closing:
+                while (not self._pending or self._held) and not self._closing:
                     self._lock.wait()
                 if not self._closing and not self._flush_wanted:
                     self._lock.wait(self._flush_interval_s)  # let the batch gather (flush/close cut it short)
@@ -148,8 +206,11 @@ class JournalWriter:
             if batch and self._error is None:
                 try:
                     self._write(batch)
-                except Exception as error:  # kept for flush()/close(): a write or an encode failed
-                    self._error = error
+                except Exception as error:  # a write or an encode failed: kept for flush()/close()
+                    self._fail(error)
+                    self.events_dropped += len(batch)
+            elif batch:
+                self.events_dropped += len(batch)
             with self._lock:
                 self._written += len(batch)
                 self._lock.notify_all()
@@ -169,18 +230,25 @@ class JournalWriter:
             frame = encode_frame(payload)
             frames.append(frame)
             self._file_bytes += len(frame)
+        assert self._file is not None
         self._file.write(b"".join(frames))
         self._file.flush()
         self.batches_written += 1
 
     def _rotate(self) -> None:
         """Close the full segment and rename it `PATH.<n>`; the next frame opens a new `PATH`."""
+        assert self._file is not None and self._segment is not None
         self._file.close()
         self._file = None
         os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
         self._segment += 1
 
     def _open_segment(self, first_seq: int) -> None:
+        if self._segment is None:  # the first write: a previous run's newest segment is kept, never truncated
+            self._segment = _next_segment_number(self.path)
+            if self.path.exists():
+                os.replace(self.path, self.path.with_name(f"{self.path.name}.{self._segment}"))
+                self._segment += 1
         header = JournalHeader(
             format_version=FORMAT_VERSION,
             segment=self._segment,
@@ -189,8 +257,7 @@ class JournalWriter:
             options=self._options,
         )
         prologue = MAGIC + encode_frame(_encode_header(header))
-        self._file = open(self.path, "wb")  # noqa: SIM115 - owned by the writer until close()
-        os.chmod(self.path, 0o600)
+        self._file = self._open_file(self.path)
         self._file.write(prologue)
         self._file_bytes = len(prologue)
 
@@ -226,9 +293,10 @@ class JournalReader:
             self.header = _decode_header(first)
         except msgspec.DecodeError as error:
             raise JournalError(f"{self.path}: malformed journal header: {error}") from error
-        if self.header.format_version != FORMAT_VERSION:
+        if self.header.format_version not in READABLE_FORMATS:
             raise JournalError(
-                f"{self.path}: journal format {self.header.format_version}, this build reads {FORMAT_VERSION}"
+                f"{self.path}: journal format {self.header.format_version}, this build reads "
+                f"{', '.join(map(str, READABLE_FORMATS))}"
             )
 
     def payloads(self) -> Iterator[memoryview]:

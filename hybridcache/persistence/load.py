@@ -227,6 +227,8 @@ class _Loader:
                 0, new_id, anchor, snap.kind, snap.tail_tokens, slabs[:image_slabs], tail, snap.hits
             )
         )
+        if snap.superseded:
+            self._apply(ev.SnapshotSuperseded(0, new_id))
         self.loaded_snapshots.append(index.snapshots[new_id])  # type: ignore[index]
 
     def _apply(self, event: ev.CacheEvent) -> None:

@@ -1,8 +1,9 @@
 """save_prefix_cache: write the host tier's retained content to the prefix-cache file (spec §5.5).
 
-Saved: every retained (not superseded) snapshot whose image and tail are host resident and whose whole
-anchor path is host resident, and exactly those paths, parents first. Not saved: dead KV, superseded
-snapshots, device-only content, anything still being written (the caller lands every host write first).
+Saved: every snapshot, retained or superseded (flagged so, and restored so), whose image and tail are host
+resident and whose whole anchor path is host resident, and exactly those paths, parents first: a restart
+gives back what the host tier held. Not saved: dead KV, device-only content, anything still being written
+(the caller lands every host write first).
 
 The file is written to a temporary file beside the target (mode 0600: it holds users' prompts), fsynced
 and renamed into place, then the directory is fsynced. ``abandon`` is checked before each slab run and
@@ -82,7 +83,7 @@ def select_saved(index: PrefixIndex) -> tuple[list[BlockNode], list[Snapshot]]:
     snapshots = [
         snap
         for snap in sorted(index.snapshots.values(), key=lambda s: s.id)
-        if not snap.superseded and snap.host_complete and _path_host_resident(snap.anchor)
+        if snap.host_complete and _path_host_resident(snap.anchor)
     ]
     blocks: dict[int, BlockNode] = {}
     for snap in snapshots:
@@ -144,6 +145,7 @@ def _tables(
                 snap.gdsf_h,
                 offset,
                 _run_checksum(host_memory, run),
+                snap.superseded,
             )
         )
         runs.append(run)
@@ -180,9 +182,10 @@ def save_prefix_cache(
         saved_unix=time.time(),
     )
     prelude = encode_prelude(header, block_records, snapshot_records)
+    # mkstemp creates the file with O_EXCL and mode 0600 in one call: it is never readable by others,
+    # not even for a moment (the file holds prompt tokens).
     descriptor, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        os.fchmod(descriptor, 0o600)
         with os.fdopen(descriptor, "wb", buffering=0) as stream:
             _write_all(stream, prelude, runs, host_memory, abandon, progress)
             os.fsync(stream.fileno())

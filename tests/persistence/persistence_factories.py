@@ -99,7 +99,8 @@ def _slab_bytes(memory: HostSlabMemory, slabs) -> bytes:
 
 
 def host_content(index: PrefixIndex, memory: HostSlabMemory, saved_only: bool = True):
-    """(blocks, snapshots): token path -> slab bytes; (anchor path, tail) -> (kind, hits, bytes)."""
+    """(blocks, snapshots): token path -> slab bytes; (anchor path, tail) -> (kind, hits, superseded,
+    bytes)."""
     if saved_only:
         nodes, snaps = select_saved(index)
     else:
@@ -110,7 +111,9 @@ def host_content(index: PrefixIndex, memory: HostSlabMemory, saved_only: bool = 
     for snap in snaps:
         tail = [] if snap.tail_host_slab is None else [snap.tail_host_slab]
         key = (token_path(snap.anchor), snap.tail_tokens)
-        snapshots[key] = (int(snap.kind), snap.hits, _slab_bytes(memory, [*snap.host_slabs, *tail]))
+        snapshots[key] = (
+            int(snap.kind), snap.hits, snap.superseded, _slab_bytes(memory, [*snap.host_slabs, *tail])
+        )
     return blocks, snapshots
 
 
@@ -123,4 +126,4 @@ def assert_host_only_and_intact(cache: Cache) -> None:
         if node.parent is not None:
             assert node.device_page is None and node.host_slab is not None
     for snap in index.snapshots.values():
-        assert snap.device_slot is None and snap.host_complete and not snap.superseded
+        assert snap.device_slot is None and snap.host_complete

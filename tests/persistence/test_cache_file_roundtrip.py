@@ -71,7 +71,7 @@ def test_the_file_is_private_and_replaces_the_previous_one(tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.bin"]
 
 
-def test_superseded_snapshots_dead_kv_and_device_only_content_are_not_saved(tmp_path: Path):
+def test_dead_kv_and_device_only_content_are_not_saved_but_superseded_snapshots_are(tmp_path: Path):
     state = conversation_state(seed=4)
     cache = state.cache
     _, _, gone = run_request(cache, tokens(200, seed=77))
@@ -89,10 +89,28 @@ def test_superseded_snapshots_dead_kv_and_device_only_content_are_not_saved(tmp_
 
     saved_ids = {s.snapshot for s in tables.snapshots}
     assert saved_ids == {s.id for s in snapshots}
-    assert not saved_ids & {s.id for s in superseded + filling}
+    assert not saved_ids & {s.id for s in filling}
+    saved_superseded = {s.id for s in superseded if s.host_complete}
+    assert saved_superseded and saved_superseded <= saved_ids
+    assert {r.snapshot for r in tables.snapshots if r.superseded} == saved_superseded
     assert not {b.node for b in tables.blocks} & set(index.dead_nodes)
     paths = {n.id for s in snapshots for n in index.path_to(s.anchor)}
     assert {b.node for b in tables.blocks} == paths == {n.id for n in blocks}
+
+
+def test_superseded_snapshots_come_back_superseded(tmp_path: Path):
+    state = conversation_state(seed=6)
+    index = state.cache.index
+    assert any(s.superseded for s in index.snapshots.values())
+    save(tmp_path / "cache.bin", state.cache, state.memory)
+    target, memory = fresh_target()
+    loaded = load_prefix_cache(tmp_path / "cache.bin", target, memory, fingerprint())
+    assert loaded.status == "restored", loaded.message
+    assert host_content(target.index, memory) == host_content(index, state.memory)  # flags included
+    saved_superseded = sum(s.superseded for s in select_saved(index)[1])
+    assert saved_superseded > 0
+    assert sum(s.superseded for s in target.index.snapshots.values()) == saved_superseded
+    assert_host_only_and_intact(target)
 
 
 def test_an_empty_cache_saves_an_empty_file_that_loads_nothing(tmp_path: Path):

@@ -18,7 +18,7 @@ for _folder in (_TESTS / "persistence", _TESTS / "cache"):  # shared factories (
 
 from persistence_factories import conversation_state, save  # noqa: E402
 
-from hybridcache.persistence.cache_file import open_tables  # noqa: E402
+from hybridcache.persistence.cache_file import FORMAT_VERSION, open_tables  # noqa: E402
 from hybridcache.tools import inspect  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def test_text_output_shows_header_geometry_kinds_depths_and_every_snapshot(cache
     tables = open_tables(cache_file)
     assert code == 0
     for expected in (
-        "format 1",
+        f"format {FORMAT_VERSION}",
         "checkpoint_path",
         "/models/qwen3.5-test",
         "slab_bytes 4096",
