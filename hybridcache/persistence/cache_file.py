@@ -146,9 +146,11 @@ def read_tables(stream: BinaryIO, file_bytes: int) -> CacheFileTables:
     raw = stream.read(PROLOGUE.size)
     if len(raw) < PROLOGUE.size:
         raise CacheFileError("file too short for the prologue", 0)
-    magic, version, _reserved = PROLOGUE.unpack(raw)
+    magic, version, reserved = PROLOGUE.unpack(raw)
     if magic != MAGIC:
         raise CacheFileError("not a hybridcache prefix-cache file (wrong magic bytes)", 0)
+    if reserved != 0:  # written as 0 by every format: anything else is damage the checksums do not cover
+        raise CacheFileError(f"damaged prologue (reserved field {reserved:#x}, expected 0)", 12)
     if version not in READABLE_FORMATS:
         raise CacheFileError(
             f"file format {version}, this build reads {', '.join(map(str, READABLE_FORMATS))}", 8

@@ -13,7 +13,7 @@ async def test_health_is_ok_and_the_counter_zero_while_the_journal_works(live: L
     status, body = await get(live, "/health")
     assert (status, body) == (200, '{"status": "ok"}')
     _, text = await get(live, "/metrics")
-    assert value(parse_metrics(text), "hybridcache:journal_write_errors_total") == 0
+    assert value(parse_metrics(text), "journal_write_errors_total") == 0
 
 
 async def test_a_failed_journal_degrades_health_but_keeps_200_and_counts_in_metrics(live: LiveServer):
@@ -22,7 +22,7 @@ async def test_a_failed_journal_degrades_health_but_keeps_200_and_counts_in_metr
     assert status == 200
     assert '"status": "degraded"' in body and "disk full" in body
     _, text = await get(live, "/metrics")
-    assert value(parse_metrics(text), "hybridcache:journal_write_errors_total") == 1
+    assert value(parse_metrics(text), "journal_write_errors_total") == 1
 
 
 async def test_stopping_wins_over_degraded(live: LiveServer):

@@ -100,6 +100,14 @@ def test_any_flipped_byte_before_the_data_loads_nothing(saved_file, tmp_path: Pa
     assert_loaded_nothing(report, target)
 
 
+def test_a_flipped_reserved_prologue_byte_loads_nothing(saved_file, tmp_path: Path):
+    path, _ = saved_file
+    for offset in range(12, 16):  # the prologue's reserved u32, which no checksum covers
+        report, target, _ = load_into_fresh(damaged_copy(path, tmp_path, flip(offset)))
+        assert_loaded_nothing(report, target)
+        assert "reserved" in report.reason
+
+
 def test_wrong_magic_loads_nothing(saved_file, tmp_path: Path):
     path, _ = saved_file
     report, target, _ = load_into_fresh(damaged_copy(path, tmp_path, flip(0)))
