@@ -213,9 +213,9 @@ class Engine:
 
     def _journal_stats(self) -> dict[str, object]:
         """`journal_write_errors` (a counter for /metrics) and `journal_error` (the message, or None:
-        /health reports the server degraded while it is set). Empty without an event log."""
+        /health reports the server degraded while it is set). Zero and None without an event log."""
         if self.journal is None:
-            return {}
+            return {"journal_write_errors": 0, "journal_events_dropped": 0, "journal_error": None}
         writer = self.journal.writer
         failed = writer.failed
         return {
