@@ -28,6 +28,7 @@ import random
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -37,6 +38,7 @@ BATCH_LANES = 4
 BATCH_PROMPT_TOKENS = 512
 BATCH_DECODE_TOKENS = 128
 WARM_UP_PROMPT_TOKENS = 128
+RSS_SETTLE_S = 2.0  # both servers idle this long before their RSS is read (ours trims its heap when idle)
 MODEL = "peer-bench"
 FIRST_PLAIN_TOKEN, LAST_PLAIN_TOKEN = 1000, 200_000  # ordinary vocabulary ids (no special tokens)
 
@@ -146,6 +148,7 @@ def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], batched: b
         prefill[context] = max(timing.prefill_tok_s for timing in timings)
         decode[context] = max(timing.decode_tok_s for timing in timings)
     ratio = _batched_vs_single(url) if batched else None
+    time.sleep(RSS_SETTLE_S)
     memory = _rss(pid)
     return SideResult(prefill, decode, rss_idle, memory["VmRSS"], memory["VmHWM"], ratio)
 
