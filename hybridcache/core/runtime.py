@@ -14,6 +14,7 @@ from hybridcache.cache.slab_pool import HostSlabPool, slab_bytes_for
 from hybridcache.config import EffectiveOptions, OptionError, check_host_budget
 from hybridcache.gpu.backend import CpuBackend
 from hybridcache.gpu.dtype_choice import choose_dtype
+from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
 from hybridcache.gpu.model import Qwen35Model, load_model
 from hybridcache.gpu.model.loader import stored_dtype
@@ -52,6 +53,9 @@ class ModelRuntime:
         self.device = resolve_device(options.device)
         self.dtype_choice = choose_dtype(options.dtype, self.device, stored_dtype(model_dir))
         self.model: Qwen35Model = load_model(model_dir, self.dtype_choice.dtype, self.device)
+        trim = heap_trimmer()
+        if trim is not None:
+            trim()  # packing freed a transient copy of every weight; give those pages back
         self.max_model_len = options.max_model_len or model_context_length(model_dir)
         cache = options.cache
         self.num_slots = options.max_concurrency + cache.device_snapshot_slots
