@@ -16,14 +16,15 @@ import torch.nn.functional as F
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import apply_rotary
+from hybridcache.gpu.model.row_tiles import Product, causal_attention_in_tiles, tiled_linear
 
 
 class AttentionInputs(NamedTuple):
     """Where the forward's tokens go and what they see.
 
     Prefill (one lane, `n` tokens, context `T` = start + n): `write_index [n]` and `read_index [T]` are flat
-    rows of a plane viewed as `[num_pages * 64, kv_heads, head_dim]`; `mask` is `[n, T]` bool, or None when
-    the chunk starts at 0 (plain causal). Decode (`B` lanes, one token each): `write_index [B]`,
+    rows of a plane viewed as `[num_pages * 64, kv_heads, head_dim]`; `mask` is None (the pass attends
+    causally in position-aligned tiles). Decode (`B` lanes, one token each): `write_index [B]`,
     `read_index [B, L]` (L = longest context), `mask [B, 1, 1, L]`, or None when every lane sees all `L`.
     """
 
@@ -52,18 +53,20 @@ class FullAttention(NamedTuple):
     head_dim: int
     eps: float
 
-    def _project(self, x: torch.Tensor, io: AttentionInputs) -> tuple[torch.Tensor, ...]:
+    def _project(
+        self, x: torch.Tensor, io: AttentionInputs, product: Product = linear
+    ) -> tuple[torch.Tensor, ...]:
         """(query [t, H, D], gate [t, H*D], key [t, Hkv, D], value [t, Hkv, D]) with RoPE applied."""
         tokens = x.shape[0]
-        query_gate = linear(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
+        query_gate = product(x, self.q_proj, self.q_bias).view(tokens, self.heads, 2 * self.head_dim)
         query, gate = query_gate.split(self.head_dim, dim=-1)
         query = rms_norm(query, self.q_norm, self.eps)
         key = rms_norm(
-            linear(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
+            product(x, self.k_proj, self.k_bias).view(tokens, self.kv_heads, self.head_dim),
             self.k_norm,
             self.eps,
         )
-        value = linear(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
+        value = product(x, self.v_proj, self.v_bias).view(tokens, self.kv_heads, self.head_dim)
         query = apply_rotary(query, io.cos, io.sin)
         key = apply_rotary(key, io.cos, io.sin)
         return query, gate.reshape(tokens, -1), key, value
@@ -82,28 +85,26 @@ class FullAttention(NamedTuple):
         flat_v.index_copy_(0, io.write_index, value)
         return flat_k, flat_v
 
-    def _finish(self, attended: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return linear(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
+    def _finish(self, attended: torch.Tensor, gate: torch.Tensor, product: Product = linear) -> torch.Tensor:
+        return product(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
 
     def prefill(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
     ) -> torch.Tensor:
-        """`x [n, hidden]` of one lane -> `[n, hidden]`. Writes the chunk's K/V into the lane's pages."""
+        """`x [n, hidden]` of one lane -> `[n, hidden]`. Writes the chunk's K/V into the lane's pages.
+
+        Split-invariant (see `row_tiles`): each row comes out the same whatever pass it was computed in.
+        """
         tokens = x.shape[0]
-        query, gate, key, value = self._project(x, io)
+        query, gate, key, value = self._project(x, io, tiled_linear)
         flat_k, flat_v = self._write(planes, key, value, io)
-        if io.mask is not None:
-            key, value = flat_k.index_select(0, io.read_index), flat_v.index_select(0, io.read_index)
-        attended = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0),
-            key.transpose(0, 1).unsqueeze(0),
-            value.transpose(0, 1).unsqueeze(0),
-            attn_mask=io.mask,
-            is_causal=io.mask is None,
-            scale=self.head_dim**-0.5,
-            enable_gqa=self.heads != self.kv_heads,
-        )
-        return self._finish(attended[0].transpose(0, 1).reshape(tokens, -1), gate)
+        if io.read_index.shape[0] == tokens:  # the pass starts at 0: its own keys are the whole context
+            context_k, context_v = key, value
+        else:
+            context_k = flat_k.index_select(0, io.read_index)
+            context_v = flat_v.index_select(0, io.read_index)
+        attended = causal_attention_in_tiles(query, context_k, context_v, self.head_dim**-0.5)
+        return self._finish(attended.reshape(tokens, -1), gate, tiled_linear)
 
     def decode(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hybridcache.gpu.model.linear import linear
+from hybridcache.gpu.model.row_tiles import Product
 
 
 class SwiGluMlp(NamedTuple):
@@ -15,6 +16,6 @@ class SwiGluMlp(NamedTuple):
     up_proj: torch.Tensor  # [intermediate, hidden]
     down_proj: torch.Tensor  # [hidden, intermediate]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """`x [t, hidden]` -> `[t, hidden]`."""
-        return linear(F.silu(linear(x, self.gate_proj)) * linear(x, self.up_proj), self.down_proj)
+    def __call__(self, x: torch.Tensor, product: Product = linear) -> torch.Tensor:
+        """`x [t, hidden]` -> `[t, hidden]`, each product computed by `product`."""
+        return product(F.silu(product(x, self.gate_proj)) * product(x, self.up_proj), self.down_proj)

@@ -24,6 +24,7 @@ from hybridcache.gpu.model.mlp import SwiGluMlp
 from hybridcache.gpu.model.moe import MoeBlock
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import RotaryTable
+from hybridcache.gpu.model.row_tiles import Product, tiled_linear
 from hybridcache.gpu.state_slots import StateShape, StateSlots, plan_slot_runs
 
 LayerHook = Callable[[int], None]
@@ -125,8 +126,9 @@ class Qwen35Model:
             else:
                 planes = (kv.k_planes[layer.memory_index], kv.v_planes[layer.memory_index])
                 mixed = layer.mixer.prefill(normed, planes, io)
-            hidden = self._feed_forward(layer, hidden + mixed)
-        return self._logits(hidden if all_logits else hidden[-1])
+            hidden = self._feed_forward(layer, hidden + mixed, tiled_linear)
+        # the last row alone is a one-row product in every pass that ends a prompt, cold or resumed
+        return self._logits(hidden, tiled_linear) if all_logits else self._logits(hidden[-1])
 
     @torch.inference_mode()
     def decode(
@@ -167,12 +169,15 @@ class Qwen35Model:
 
     # -- pieces ---------------------------------------------------------------------------------------
 
-    def _feed_forward(self, layer: DecoderLayer, residual: torch.Tensor) -> torch.Tensor:
-        return residual + layer.feed_forward(rms_norm(residual, layer.post_norm, self.config.rms_norm_eps))
+    def _feed_forward(
+        self, layer: DecoderLayer, residual: torch.Tensor, product: Product = linear
+    ) -> torch.Tensor:
+        normed = rms_norm(residual, layer.post_norm, self.config.rms_norm_eps)
+        return residual + layer.feed_forward(normed, product)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, product: Product = linear) -> torch.Tensor:
         normed = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
-        blocks = [linear(normed, block) for block in self.lm_head]
+        blocks = [product(normed, block) for block in self.lm_head]
         return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)).float()
 
     def _prefill_inputs(self, start: int, end: int, block_table: Sequence[PageId]) -> AttentionInputs:
@@ -183,9 +188,8 @@ class Qwen35Model:
         )
         context = torch.arange(end, device=self.device)
         rows = table[context // PAGE_TOKENS] * PAGE_TOKENS + context % PAGE_TOKENS
-        mask = None if start == 0 else context[None, :] <= positions[:, None]
         cos, sin = self.rotary.cos_sin(positions, end, self.dtype)
-        return AttentionInputs(cos, sin, rows[start:], rows, mask)
+        return AttentionInputs(cos, sin, rows[start:], rows, None)
 
     def _decode_inputs(
         self, positions: Sequence[int], block_tables: Sequence[Sequence[PageId]]
