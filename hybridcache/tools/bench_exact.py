@@ -257,6 +257,7 @@ async def _start(
     from hybridcache.config import CacheOptions, EngineOptions, resolve_options
     from hybridcache.core.engine import Engine
 
+    one_request_pool = pages is not None
     if pages is None:
         pages = -(-(5 * args.prompt_tokens + 2 * args.decode_tokens) // 64) + 4
     options = EngineOptions(
@@ -267,7 +268,9 @@ async def _start(
         prefill_chunk=chunk,
         kv_capacity=pages,
         cache=CacheOptions(
-            host_cache_mib=512, device_snapshot_slots=1, prefix_cache_file=cache_file
+            host_cache_mib=512,
+            device_snapshot_slots=1 if one_request_pool else None,
+            prefix_cache_file=cache_file,
         )
         if prefix_reuse
         else CacheOptions(prefix_reuse=False),
