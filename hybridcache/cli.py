@@ -48,6 +48,9 @@ BENCHMARKS = (
         "model", "model runtime vs transformers: prefill and decode tok/s", "hybridcache.tools.bench_model"
     ),
     Command("engine", "engine: cold vs resumed TTFT, cache overhead", "hybridcache.tools.bench_engine"),
+    Command(
+        "exact", "resumed vs cold logprobs from every resume source", "hybridcache.tools.bench_exact"
+    ),
     Command("serve", "HTTP server throughput and latency, cache on vs off", "hybridcache.tools.bench_serve"),
     Command(
         "persistence",

@@ -6,8 +6,10 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
     2 OPENER       start of the final assistant generation opener   exact, 64-aligned
     3 STRUCTURAL   end of tools / leading system block              exact, 64-aligned, Boundary
       AUTOMATIC    protocol-automatic markers, planned as STRUCTURAL but published as ordinary taps
-    4 PROMPT_TAIL  n − 1, EXACT and NOT aligned (our change, issue 9: the engine runs the last prompt token
-                   as its own pass and keeps the partial page as a tail, like an endpoint)
+    4 PROMPT_TAIL  n − 1 snapped down to a block boundary, EXACT (a snapshot inside a block would make
+                   the resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold
+                   run computes one, so the resumed logits would differ in the last bits; resuming at the
+                   boundary recomputes at most 64 tokens and is bit-exact)
     5 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
 
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
@@ -186,7 +188,7 @@ def plan_taps(
         planner.offer_explicit(candidate)
     for candidate in _semantic_candidates(n, base, hints, spans, resumed_from_endpoint):
         planner.offer_near(candidate)
-    tail = _tail_candidate(n, spans)
+    tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_near(tail)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
@@ -272,11 +274,15 @@ def _cluster_candidate(
     return [_Candidate(min(in_bounds), source, boundary)]
 
 
-def _tail_candidate(n: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
-    """The exact prompt tail at n − 1, or None when it would split a media span."""
+def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
+    """The prompt tail: n − 1 placed on a block boundary (out of any media span), or None when n − 1 splits
+    a media span or the boundary lies at or before the base."""
     if _span_start_around(n - 1, spans) is not None:
         return None
-    return _Candidate(n - 1, TapSource.PROMPT_TAIL, False)
+    placed = _place_aligned(n - 1, spans)
+    if placed <= base:
+        return None
+    return _Candidate(placed, TapSource.PROMPT_TAIL, False)
 
 
 def _ladder_candidates(

@@ -223,10 +223,17 @@ async def _start_engines(directory: Path, args: argparse.Namespace) -> EnginePai
     from hybridcache.core.engine import Engine
 
     # A pool for one request: the second prompt's admission evicts the first prompt's device copy.
+    # Snapshot slots for every cold prompt's tail tap and endpoint: with the tail on the block boundary
+    # below n - 1, a cold run's endpoint lies more than a block past it and is kept too, and a single
+    # slot would hold that endpoint, leaving the tail (what a repeat resumes from) on the host only.
     pages = -(-(args.prompt_tokens + args.decode_tokens) // 64) + 2
     engines = []
     for cache in (
-        CacheOptions(host_cache_mib=args.host_cache_mib, device_snapshot_slots=1, host_write=args.host_write),
+        CacheOptions(
+            host_cache_mib=args.host_cache_mib,
+            device_snapshot_slots=2 * args.cold_runs + 2,
+            host_write=args.host_write,
+        ),
         CacheOptions(prefix_reuse=False),
     ):
         options = EngineOptions(

@@ -70,10 +70,15 @@ def test_chat_turn_the_opener_absorbs_the_prompt_tail_within_64_tokens():
     assert TapSource.PROMPT_TAIL not in sources(taps)
 
 
-def test_the_prompt_tail_is_exact_at_n_minus_1_and_not_aligned():
+def test_the_prompt_tail_is_exact_at_n_minus_1_snapped_to_a_block_boundary():
     taps = plan_taps(3000, 0, [hint(2000, HintKind.OPENER)], [], options())
-    assert tap_at(taps, 2999) == PlannedTap(2999, Placement.EXACT, TapSource.PROMPT_TAIL, False)
-    assert positions(taps) == [1984, 2999]
+    assert tap_at(taps, 2944) == PlannedTap(2944, Placement.EXACT, TapSource.PROMPT_TAIL, False)
+    assert positions(taps) == [1984, 2944]
+
+
+def test_a_tail_block_boundary_at_or_before_the_base_plans_no_tail():
+    # resumed from an endpoint at 2950: the tail's boundary 2944 lies behind it
+    assert plan_taps(3000, 2950, [], [2950], options(), resumed_from_endpoint=True) == []
 
 
 def test_a_short_user_turn_clusters_the_system_end_with_the_opener():
@@ -84,8 +89,8 @@ def test_a_short_user_turn_clusters_the_system_end_with_the_opener():
 
 
 def test_the_tail_survives_when_alignment_puts_the_cluster_more_than_64_tokens_back():
-    taps = plan_taps(545, 0, [hint(500, HintKind.STRUCTURAL), hint(540, HintKind.OPENER)], [], options())
-    assert positions(taps) == [448, 544]
+    taps = plan_taps(578, 0, [hint(500, HintKind.STRUCTURAL), hint(540, HintKind.OPENER)], [], options())
+    assert positions(taps) == [448, 576]
     assert sources(taps) == [TapSource.OPENER, TapSource.PROMPT_TAIL]
 
 
@@ -98,7 +103,7 @@ def test_an_endpoint_resume_skips_the_opener_but_keeps_the_tail():
     # the previous turn ended at 6100 (endpoint snapshot); this prompt echoes it and adds a tool result
     hints = [hint(300, HintKind.STRUCTURAL), hint(6800, HintKind.OPENER)]
     resumed = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=True)
-    assert resumed == [PlannedTap(6809, Placement.EXACT, TapSource.PROMPT_TAIL, False)]
+    assert resumed == [PlannedTap(6784, Placement.EXACT, TapSource.PROMPT_TAIL, False)]
     from_a_tap = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=False)
     assert sources(from_a_tap) == [TapSource.OPENER]
 
@@ -233,9 +238,8 @@ def test_every_tap_is_in_bounds_aligned_and_outside_media(inputs):
         assert all(not start < tap.position < end for start, end in spans)
         assert tap.position not in existing
         if tap.source == TapSource.PROMPT_TAIL:
-            assert tap.position == n - 1 and tap.placement == Placement.EXACT
-        else:
-            assert tap.position % BLOCK_TOKENS == 0
+            assert tap.placement == Placement.EXACT
+        assert tap.position % BLOCK_TOKENS == 0
         assert (tap.placement == Placement.FLEXIBLE) == (tap.source == TapSource.LADDER)
 
 

@@ -14,11 +14,12 @@ from hybridcache.core.sampling_params import SamplingParams
 
 
 async def start_engine(
-    model_dir: Path, *, chunk: int = 256, lanes: int = 2, pages: int = 512, **cache
+    model_dir: Path, *, chunk: int = 256, lanes: int = 2, pages: int = 512, dtype: str = "auto", **cache
 ) -> Engine:
     options = resolve_options(
         EngineOptions(
             model=str(model_dir),
+            dtype=dtype,
             prefill_chunk=chunk,
             max_concurrency=lanes,
             kv_capacity=pages,
@@ -71,11 +72,3 @@ def filler_tokens(count: int, seed: int) -> list[int]:
 
 def snapshot_frontiers(engine: Engine, kind: SnapshotKind | None = None) -> list[int]:
     return sorted(s.frontier for s in engine.cache.index.snapshots.values() if kind is None or s.kind == kind)
-
-
-def assert_logprobs_close(a: dict[int, float], b: dict[int, float], tolerance: float = 1e-3) -> None:
-    """First-token distributions agree (same top tokens, log-probabilities within `tolerance`)."""
-    common = set(a) & set(b)
-    assert len(common) >= len(a) - 2, "the top tokens differ"
-    for token in common:
-        assert abs(a[token] - b[token]) <= tolerance, (token, a[token], b[token])

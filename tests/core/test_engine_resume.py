@@ -11,7 +11,6 @@ from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.records import SnapshotKind
 from hybridcache.core.frontend import Frontend
 from tests.core.engine_kit import (
-    assert_logprobs_close,
     filler_tokens,
     generate,
     snapshot_frontiers,
@@ -41,9 +40,10 @@ async def test_a_device_resume_matches_a_cold_run(micro_checkpoint: Path, fronte
         assert first.accounting.source == "root"
         resumed = await generate(engine, frontend.prepare_tokens(prompt), 64)
         assert resumed.accounting.source == "device"
-        assert resumed.accounting.reuse_tokens == len(prompt) - 1  # the exact prompt-tail tap
+        # the prompt-tail tap sits on the block boundary below n - 1
+        assert resumed.accounting.reuse_tokens == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
         assert resumed.tokens == cold.tokens
-        assert_logprobs_close(resumed.first_logprobs, cold.first_logprobs)
+        assert resumed.first_logprobs == cold.first_logprobs
     finally:
         await engine.stop()
 
@@ -64,7 +64,7 @@ async def test_a_host_only_resume_matches_a_cold_run(micro_checkpoint: Path, fro
         assert resumed.accounting.restored_host_bytes > 0
         assert resumed.accounting.reuse_tokens >= 640
         assert resumed.tokens == cold.tokens
-        assert_logprobs_close(resumed.first_logprobs, cold.first_logprobs)
+        assert resumed.first_logprobs == cold.first_logprobs
         assert engine.stats()["prefix_cache_eviction_events"]["device"] > 0
         assert engine.stats()["host_tier_written_back_blocks"] > 0  # the path reached the host on eviction
     finally:

@@ -2,8 +2,8 @@
 
 The forward writes the new tokens' K and V into the lane's pages first, then attends over the keys it reads
 back through the block table, so a chunk may start anywhere (the prior context is whatever the pages hold).
-`AttentionInputs` (built once per forward by the model, shared by every attention layer) says where to write,
-where to read and what to mask.
+`AttentionInputs` (built once per forward by the model, shared by every attention layer) says where to write
+and where to read.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import apply_rotary
+from hybridcache.gpu.model.row_tiles import Product, causal_attention_in_tiles, tiled_linear
 
 ContextRows = slice | torch.Tensor
 """The rows of one lane's context, in order, in a plane viewed as `[num_pages * 64, kv_heads, head_dim]`: a
@@ -25,17 +26,17 @@ slice when the lane's pages are consecutive (read in place, no copy), else an in
 class AttentionInputs(NamedTuple):
     """Where the forward's tokens go and what they see.
 
-    `write_index` holds the flat plane row of each new token (`[n]` for a prefill chunk of one lane, `[B]`
+    `write_index` holds the flat plane row of each new token (`[n]` for a prefill pass of one lane, `[B]`
     for decode, one token per lane). `contexts` holds, per lane, the rows of its whole context up to and
-    including its new tokens. `mask` (prefill only) is `[n, T]` bool, or None when the chunk starts at 0
-    and the chunk is its own context (plain causal).
+    including its new tokens; it is empty for a prefill pass that starts at 0 (the pass's own keys are its
+    whole context). Prefill attends causally in position-aligned tiles (`row_tiles`); decode attends each
+    lane over its own context. Neither needs a mask.
     """
 
     cos: torch.Tensor
     sin: torch.Tensor
     write_index: torch.Tensor
     contexts: tuple[ContextRows, ...]
-    mask: torch.Tensor | None
 
 
 def context_rows(
@@ -70,11 +71,13 @@ class FullAttention(NamedTuple):
     head_dim: int
     eps: float
 
-    def _project(self, x: torch.Tensor, io: AttentionInputs) -> tuple[torch.Tensor, ...]:
+    def _project(
+        self, x: torch.Tensor, io: AttentionInputs, product: Product = linear
+    ) -> tuple[torch.Tensor, ...]:
         """(query [t, H, D], gate [t, H*D], key [t, Hkv, D], value [t, Hkv, D]) with RoPE applied."""
         tokens = x.shape[0]
         kv_dim = self.kv_heads * self.head_dim
-        query_gate, key, value = linear(x, self.qkv_proj, self.qkv_bias).split(
+        query_gate, key, value = product(x, self.qkv_proj, self.qkv_bias).split(
             (2 * self.heads * self.head_dim, kv_dim, kv_dim), dim=-1
         )
         query, gate = query_gate.reshape(tokens, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
@@ -99,28 +102,25 @@ class FullAttention(NamedTuple):
         flat_v.index_copy_(0, io.write_index, value)
         return flat_k, flat_v
 
-    def _finish(self, attended: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return linear(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
+    def _finish(self, attended: torch.Tensor, gate: torch.Tensor, product: Product = linear) -> torch.Tensor:
+        return product(attended * torch.sigmoid(gate), self.o_proj, self.o_bias)
 
     def prefill(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
     ) -> torch.Tensor:
-        """`x [n, hidden]` of one lane -> `[n, hidden]`. Writes the chunk's K/V into the lane's pages."""
+        """`x [n, hidden]` of one lane -> `[n, hidden]`. Writes the chunk's K/V into the lane's pages.
+
+        Split-invariant (see `row_tiles`): each row comes out the same whatever pass it was computed in.
+        """
         tokens = x.shape[0]
-        query, gate, key, value = self._project(x, io)
+        query, gate, key, value = self._project(x, io, tiled_linear)
         flat_k, flat_v = self._write(planes, key, value, io)
-        if io.mask is not None:
-            key, value = _read(flat_k, io.contexts[0]), _read(flat_v, io.contexts[0])
-        attended = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0),
-            key.transpose(0, 1).unsqueeze(0),
-            value.transpose(0, 1).unsqueeze(0),
-            attn_mask=io.mask,
-            is_causal=io.mask is None,
-            scale=self.head_dim**-0.5,
-            enable_gqa=self.heads != self.kv_heads,
-        )
-        return self._finish(attended[0].transpose(0, 1).reshape(tokens, -1), gate)
+        if io.contexts:
+            context_k, context_v = _read(flat_k, io.contexts[0]), _read(flat_v, io.contexts[0])
+        else:
+            context_k, context_v = key, value
+        attended = causal_attention_in_tiles(query, context_k, context_v, self.head_dim**-0.5)
+        return self._finish(attended.reshape(tokens, -1), gate, tiled_linear)
 
     def decode(
         self, x: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], io: AttentionInputs
@@ -128,7 +128,7 @@ class FullAttention(NamedTuple):
         """`x [B, hidden]`, one token per lane -> `[B, hidden]`; writes each token's K/V into its page.
 
         Each lane attends over its own context alone (no padding to the longest lane, no mask), read in
-        place where its pages are consecutive, so a lane's result does not depend on the other lanes of its
+        place where its pages are consecutive, so a lane's attention does not depend on the other lanes of its
         batch. The query heads that share a KV head attend as that head's query rows (`[1, Hkv, group, D]`),
         so the keys and values are read once per KV head rather than once per query head.
         """

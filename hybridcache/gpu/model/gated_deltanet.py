@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule_
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
+from hybridcache.gpu.model.row_tiles import Product, tiled_linear
 from hybridcache.gpu.state_slots import SlotRuns
 
 
@@ -34,13 +35,13 @@ class GatedDeltaNet(NamedTuple):
     value_head_dim: int
     eps: float
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _project(self, x: torch.Tensor, product: Product = linear) -> tuple[torch.Tensor, ...]:
         """(mixed qkv [t, conv_dim], z [t, Hv, dv], beta [t, Hv], log-decay [t, Hv] fp32), each a view
         into one product: the four projections are one matmul call."""
         value_dim = self.value_heads * self.value_head_dim
         conv_dim = 2 * self.key_heads * self.key_head_dim + value_dim
         sizes = (conv_dim, value_dim, self.value_heads, self.value_heads)
-        mixed, z, b, a = linear(x, self.in_proj).split(sizes, dim=-1)
+        mixed, z, b, a = product(x, self.in_proj).split(sizes, dim=-1)
         z = z.view(x.shape[0], self.value_heads, self.value_head_dim)
         log_decay = self.neg_a * F.softplus(a.float() + self.dt_bias)
         return mixed, z, torch.sigmoid(b), log_decay
@@ -56,9 +57,11 @@ class GatedDeltaNet(NamedTuple):
             v.reshape(tokens, self.value_heads, self.value_head_dim),
         )
 
-    def _output(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _output(
+        self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, product: Product = linear
+    ) -> torch.Tensor:
         normed = gated_rms_norm(core.to(dtype), z, self.norm_weight, self.eps)
-        return linear(normed.reshape(core.shape[0], -1), self.out_proj)
+        return product(normed.reshape(core.shape[0], -1), self.out_proj)
 
     def prefill(
         self, x: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, fresh: bool
@@ -67,15 +70,16 @@ class GatedDeltaNet(NamedTuple):
 
         Mutates `conv_state [conv_dim, kernel-1]` and `recurrent_state [Hv, dk, dv]` (one slot's views) in
         place; `fresh` means the sequence starts here and the slot's previous contents are ignored.
+        Split-invariant at 64-aligned starts: the rows match a pass that started earlier (`row_tiles`).
         """
-        mixed, z, beta, log_decay = self._project(x)
+        mixed, z, beta, log_decay = self._project(x, tiled_linear)
         history = torch.zeros_like(conv_state) if fresh else conv_state
         conv_out, tail = causal_conv(mixed, history.transpose(0, 1), self.conv_weight)
         conv_state.copy_(tail.transpose(0, 1))
         q, k, v = self._split(conv_out.float())  # the delta rule is fp32; one conversion for all three
         core, final = chunked_gated_delta_rule(q, k, v, log_decay, beta, None if fresh else recurrent_state)
         recurrent_state.copy_(final)
-        return self._output(core, z, x.dtype)
+        return self._output(core, z, x.dtype, tiled_linear)
 
     def decode(
         self, x: torch.Tensor, conv_plane: torch.Tensor, recurrent_plane: torch.Tensor, slots: SlotRuns

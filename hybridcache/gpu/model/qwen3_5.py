@@ -25,6 +25,7 @@ from hybridcache.gpu.model.mlp import SwiGluMlp
 from hybridcache.gpu.model.moe import MoeBlock
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import RotaryTable
+from hybridcache.gpu.model.row_tiles import Product, tiled_linear
 from hybridcache.gpu.state_slots import StateShape, StateSlots, plan_slot_runs
 
 LayerHook = Callable[[int], None]
@@ -128,8 +129,9 @@ class Qwen35Model:
             else:
                 planes = (kv.k_planes[layer.memory_index], kv.v_planes[layer.memory_index])
                 mixed = layer.mixer.prefill(normed, planes, io)
-            hidden = self._feed_forward(layer, hidden + mixed)
-        return self._logits(hidden if all_logits else hidden[-1])
+            hidden = self._feed_forward(layer, hidden + mixed, tiled_linear)
+        # the last row alone is a one-row product in every pass that ends a prompt, cold or resumed
+        return self._logits(hidden, tiled_linear) if all_logits else self._logits(hidden[-1])
 
     @torch.inference_mode()
     def decode(
@@ -173,12 +175,15 @@ class Qwen35Model:
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_tokens) if self.embed_rows is None else self.embed_rows.lookup(ids)
 
-    def _feed_forward(self, layer: DecoderLayer, residual: torch.Tensor) -> torch.Tensor:
-        return residual + layer.feed_forward(rms_norm(residual, layer.post_norm, self.config.rms_norm_eps))
+    def _feed_forward(
+        self, layer: DecoderLayer, residual: torch.Tensor, product: Product = linear
+    ) -> torch.Tensor:
+        normed = rms_norm(residual, layer.post_norm, self.config.rms_norm_eps)
+        return residual + layer.feed_forward(normed, product)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, product: Product = linear) -> torch.Tensor:
         normed = rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
-        blocks = [linear(normed, block) for block in self.lm_head]
+        blocks = [product(normed, block) for block in self.lm_head]
         return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)).float()
 
     def _prefill_inputs(self, start: int, end: int, block_table: Sequence[PageId]) -> AttentionInputs:
@@ -188,13 +193,9 @@ class Qwen35Model:
             list(block_table[: pages_for_tokens(end)]), dtype=torch.long, device=self.device
         )
         write = table[positions // PAGE_TOKENS] * PAGE_TOKENS + positions % PAGE_TOKENS
-        if start == 0:
-            context, mask = write, None  # the chunk is its whole context: attends to its own keys
-        else:
-            context = context_rows(list(block_table), end, PAGE_TOKENS, self.device)
-            mask = torch.arange(end, device=self.device)[None, :] <= positions[:, None]
+        contexts = () if start == 0 else (context_rows(list(block_table), end, PAGE_TOKENS, self.device),)
         cos, sin = self.rotary.cos_sin(positions, end, self.dtype)
-        return AttentionInputs(cos, sin, write, (context,), mask)
+        return AttentionInputs(cos, sin, write, contexts)
 
     def _decode_inputs(
         self, positions: Sequence[int], block_tables: Sequence[Sequence[PageId]]
@@ -213,7 +214,7 @@ class Qwen35Model:
             for table, position in zip(block_tables, positions)
         )
         cos, sin = self.rotary.cos_sin(where, max(positions) + 1, self.dtype)
-        return AttentionInputs(cos, sin, write, contexts, None)
+        return AttentionInputs(cos, sin, write, contexts)
 
 
 def _check_covers(block_table: Sequence[PageId], end: int) -> None:

@@ -1,0 +1,110 @@
+"""Bit-exact reuse: a request resumed from any source produces the cold run's first-token log-probabilities
+(bit for bit) and its 64 greedy tokens, in float32 and in bf16."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.core.frontend import Frontend
+from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
+
+DTYPES = ("float32", "bfloat16")
+STEPS = 64
+
+
+@pytest.fixture(scope="module")
+def frontend(micro_checkpoint: Path) -> Frontend:
+    return Frontend.from_dir(micro_checkpoint, 32768)
+
+
+async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str) -> Generated:
+    engine = await start_engine(model_dir, dtype=dtype, prefix_reuse=False)
+    try:
+        return await generate(engine, frontend.prepare_tokens(tokens), STEPS)
+    finally:
+        await engine.stop()
+
+
+def assert_identical(resumed: Generated, cold: Generated) -> None:
+    assert resumed.first_logprobs == cold.first_logprobs  # exact float equality, every top-20 entry
+    assert resumed.tokens == cold.tokens
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("length", [437, 449])  # the tail n - 1 inside a block, and on a boundary
+async def test_a_repeat_and_an_extension_resume_on_the_device_exactly(
+    micro_checkpoint: Path, frontend: Frontend, dtype: str, length: int
+):
+    prompt = filler_tokens(length + 300, seed=length)
+    engine = await start_engine(micro_checkpoint, dtype=dtype, host_cache_mib=64)
+    try:
+        await generate(engine, frontend.prepare_tokens(prompt[:length]), 1)
+        repeat = await generate(engine, frontend.prepare_tokens(prompt[:length]), STEPS)
+        extension = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
+    finally:
+        await engine.stop()
+    tail_tap = (length - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert repeat.accounting.source == extension.accounting.source == "device"
+    assert repeat.accounting.reuse_tokens == tail_tap
+    assert extension.accounting.reuse_tokens >= tail_tap
+    assert_identical(repeat, await cold_run(micro_checkpoint, frontend, prompt[:length], dtype))
+    assert_identical(extension, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_a_host_resume_is_exact(micro_checkpoint: Path, frontend: Frontend, dtype: str):
+    prompt = filler_tokens(700, seed=31)
+    engine = await start_engine(
+        micro_checkpoint, dtype=dtype, pages=40, lanes=1, host_cache_mib=64, device_snapshot_slots=1
+    )
+    try:
+        await generate(engine, frontend.prepare_tokens(prompt[:500]), 1)
+        for seed in range(40, 43):  # unrelated traffic pushes the first prompt to host slabs
+            await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=seed)), 1)
+        resumed = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
+    finally:
+        await engine.stop()
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 448
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_a_resume_from_the_cache_file_after_a_restart_is_exact(
+    micro_checkpoint: Path, frontend: Frontend, tmp_path: Path, dtype: str
+):
+    cache_file = str(tmp_path / "prefix.cache")
+    prompt = filler_tokens(800, seed=32)
+    options = {"dtype": dtype, "host_cache_mib": 64, "prefix_cache_file": cache_file}
+    engine = await start_engine(micro_checkpoint, **options)
+    await generate(engine, frontend.prepare_tokens(prompt[:601]), 1)
+    await engine.stop()
+    restarted = await start_engine(micro_checkpoint, **options)
+    try:
+        resumed = await generate(restarted, frontend.prepare_tokens(prompt), STEPS)
+    finally:
+        await restarted.stop()
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 576
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
+    micro_checkpoint: Path, frontend: Frontend, dtype: str
+):
+    shared = filler_tokens(1200, seed=33)
+    fork = 650  # inside a block: the sibling taps the boundary below it
+    target = shared[:fork] + filler_tokens(120, seed=34)
+    engine = await start_engine(micro_checkpoint, dtype=dtype, chunk=128, host_cache_mib=64)
+    try:
+        _, resumed = await asyncio.gather(
+            generate(engine, frontend.prepare_tokens(shared), 1),
+            generate(engine, frontend.prepare_tokens(target), STEPS),
+        )
+    finally:
+        await engine.stop()
+    assert resumed.accounting.reuse_tokens == fork // BLOCK_TOKENS * BLOCK_TOKENS
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, target, dtype))
