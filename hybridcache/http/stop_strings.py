@@ -1,6 +1,8 @@
 """Stop strings over streamed text: release text as soon as it cannot be the start of a stop string.
 
-Of two stop strings found at one position the shorter wins (it completes first when streaming).
+The stop string that completes first wins (the earliest end; of two ending together, the one that starts
+earlier), which is what a client watching the stream sees, so the result never depends on how the text
+was cut into pieces.
 `StopStringMatcher.push(delta)` returns the text that is safe to emit and whether a stop string was hit;
 on a hit the stop string and everything after it are dropped (OpenAI and Anthropic both exclude it).
 Text that could still grow into a stop string is held back until the next push or `flush()`.
@@ -56,12 +58,13 @@ class StopStringMatcher:
         return "" if self.hit is not None else held
 
     def _earliest_stop(self, text: str) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
+        """(start, stop) of the stop string whose first occurrence in `text` ends first; None if none."""
+        best: tuple[int, int, str] | None = None
         for stop in self._stops:
             position = text.find(stop)
-            if position >= 0 and (best is None or (position, len(stop)) < (best[0], len(best[1]))):
-                best = (position, stop)
-        return best
+            if position >= 0 and (best is None or (position + len(stop), position) < best[:2]):
+                best = (position + len(stop), position, stop)
+        return None if best is None else (best[1], best[2])
 
     def _longest_partial_suffix(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""

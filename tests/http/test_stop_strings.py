@@ -20,11 +20,18 @@ def run_matcher(stops: list[str], chunks: list[str]) -> tuple[str, str | None]:
 
 
 def expected(stops: list[str], text: str) -> tuple[str, str | None]:
-    found = [(text.find(stop), len(stop), stop) for stop in stops if stop and stop in text]
+    """The text before the stop string that completes first (earliest end, then earliest start)."""
+    found = [(text.find(stop) + len(stop), text.find(stop), stop) for stop in stops if stop and stop in text]
     if not found:
         return text, None
-    position, _, stop = min(found)
+    _, position, stop = min(found)
     return text[:position], stop
+
+
+def test_the_stop_that_completes_first_wins_however_the_text_is_cut():
+    assert run_matcher(["a", "baa"], ["ba", "a"]) == ("b", "a")
+    assert run_matcher(["a", "baa"], ["baa"]) == ("b", "a")
+    assert run_matcher(["a", "ba"], ["ba"]) == ("", "ba")
 
 
 def test_the_stop_string_and_what_follows_are_dropped():
