@@ -190,7 +190,7 @@ def plan_taps(
         planner.offer_near(candidate)
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
-        planner.offer_near(tail)
+        planner.offer_tail(tail)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
         planner.offer_ladder(candidate)
     return planner.planned()
@@ -323,6 +323,16 @@ class _Acceptance:
         if not self._has_room() or self._something_just_before(candidate.position):
             return
         self._accept(candidate)
+
+    def offer_tail(self, candidate: _Candidate) -> None:
+        """The block-aligned prompt tail: dropped beside an accepted tap or an existing frontier, but not for
+        lying one block past the base (it always lies at least that far), which is the only reuse a short
+        first prompt gets."""
+        position, earliest = candidate.position, candidate.position - PROXIMITY_TOKENS
+        beside_existing = bisect_right(self._existing, position) > bisect_left(self._existing, earliest)
+        beside_accepted = any(earliest <= c.position <= position for c in self._accepted)
+        if self._has_room() and not beside_existing and not beside_accepted:
+            self._accept(candidate)
 
     def offer_ladder(self, candidate: _Candidate) -> None:
         if not self._has_room() or self._something_just_before(candidate.position):
