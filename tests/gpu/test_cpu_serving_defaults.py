@@ -120,3 +120,23 @@ def test_decode_step_bytes_count_the_loaded_matmul_weights(dense_model):
     assert counted.weights == weights * 4
     kv_row = config.num_key_value_heads * config.head_dim * 4
     assert counted.kv == len(config.full_attention_layers) * 2 * 100 * kv_row
+
+
+# -- embedding rows read from the file ---------------------------------------------------------------------
+
+
+def test_embedding_rows_read_from_the_file_equal_the_mapped_table(dense_checkpoint: Path):
+    import pytest
+
+    from hybridcache.gpu.model.checkpoint import CheckpointWeights
+    from hybridcache.gpu.model.embedding_rows import EmbeddingRows
+
+    weights = CheckpointWeights(dense_checkpoint)
+    table = weights.tensor("model.embed_tokens.weight")
+    path, offset, entry = weights.location("model.embed_tokens.weight")
+    rows = EmbeddingRows(path, offset, entry.shape[0], entry.shape[1], entry.dtype, torch.bfloat16)
+    ids = torch.tensor([0, 5, 5, table.shape[0] - 1])
+    assert torch.equal(rows.lookup(ids), table[ids].to(torch.bfloat16))
+    with pytest.raises(IndexError, match="outside the embedding table"):
+        rows.lookup(torch.tensor([table.shape[0]]))
+    rows.close()

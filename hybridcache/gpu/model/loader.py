@@ -1,10 +1,13 @@
 """Build a `Qwen35Model` from a Hugging Face checkpoint directory.
 
 Weights are zero-copy views into the memory-mapped safetensors files whenever the requested dtype is the
-stored one; only the small per-channel vectors (norm scales, `-exp(A_log)`) are computed copies. On a CPU in
-bf16 the matmul weights are instead packed for oneDNN (`linear.py`) one at a time, each replacing its
-mapped pages, so resident memory stays about the size of the weights either way. `mtp.*` and
-vision weights are never touched. Every problem raises `CheckpointError` naming the file at fault.
+stored one, except the projections that share an input (GDN qkv/z/b/a, attention q/k/v, MLP gate/up),
+which are stacked into one matrix so that one matmul call computes them, and the small per-channel vectors
+(norm scales, `-exp(A_log)`). On a CPU in bf16 the matmul weights are instead packed for oneDNN
+(`linear.py`) one at a time, and embedding lookups read their rows from the file (`embedding_rows.py`).
+Every copy replaces its mapped pages, so resident memory stays about the size of the weights either way.
+`mtp.*` and vision weights are never touched. Every problem raises `CheckpointError` naming the file at
+fault.
 """
 
 from __future__ import annotations
