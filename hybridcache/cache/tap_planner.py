@@ -328,10 +328,7 @@ class _Acceptance:
         """The block-aligned prompt tail: dropped beside an accepted tap or an existing frontier, but not for
         lying one block past the base (it always lies at least that far), which is the only reuse a short
         first prompt gets."""
-        position, earliest = candidate.position, candidate.position - PROXIMITY_TOKENS
-        beside_existing = bisect_right(self._existing, position) > bisect_left(self._existing, earliest)
-        beside_accepted = any(earliest <= c.position <= position for c in self._accepted)
-        if self._has_room() and not beside_existing and not beside_accepted:
+        if self._has_room() and not self._something_just_before(candidate.position, counting_base=False):
             self._accept(candidate)
 
     def offer_ladder(self, candidate: _Candidate) -> None:
@@ -360,10 +357,11 @@ class _Acceptance:
         index = bisect_left(self._existing, position)
         return index < len(self._existing) and self._existing[index] == position
 
-    def _something_just_before(self, position: int) -> bool:
-        """An accepted tap, existing frontier or the base at most PROXIMITY_TOKENS before ``position``."""
+    def _something_just_before(self, position: int, counting_base: bool = True) -> bool:
+        """An accepted tap, existing frontier or (when `counting_base`) the base at most PROXIMITY_TOKENS
+        before ``position``."""
         earliest = position - PROXIMITY_TOKENS
-        if earliest <= self._base <= position:
+        if counting_base and earliest <= self._base <= position:
             return True
         if bisect_right(self._existing, position) > bisect_left(self._existing, earliest):
             return True

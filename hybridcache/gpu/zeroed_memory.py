@@ -10,6 +10,7 @@ On other devices the memory is an ordinary zeroed allocation.
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
@@ -21,9 +22,7 @@ MAPPED_MIN_BYTES = 1 << 20
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """A zero-filled tensor of `shape`; on a CPU (when at least `MAPPED_MIN_BYTES`) backed by an anonymous
     mapping that commits memory only where written. The tensor owns the mapping (unmapped when freed)."""
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     nbytes = count * dtype.itemsize
     if torch.device(device).type != "cpu" or nbytes < MAPPED_MIN_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
