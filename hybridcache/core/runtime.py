@@ -16,7 +16,7 @@ from hybridcache.gpu.backend import CpuBackend
 from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
-from hybridcache.gpu.model import Qwen35Model, load_model
+from hybridcache.gpu.model import Qwen35Model, cpu_gemv, load_model
 from hybridcache.gpu.model.loader import stored_dtype
 from hybridcache.gpu.transfers import Transfers
 from hybridcache.logs import format_bytes
@@ -107,6 +107,7 @@ class ModelRuntime:
             ),
             ("dtype", f"{str(self.model.dtype).removeprefix('torch.')} ({self.dtype_choice.reason})"),
             ("device", str(self.device)),
+            *([("decode_products", self._decode_products())] if self.device.type == "cpu" else []),
             ("max_model_len", self.max_model_len),
             (
                 "kv_pages",
@@ -116,6 +117,13 @@ class ModelRuntime:
             ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)} budget{committed}"),
             ("host_slab", format_bytes(self.slab_bytes)),
         ]
+
+    def _decode_products(self) -> str:
+        """Which code multiplies decode's rows by the weights on a CPU, and why."""
+        if not self.model.lm_head[0].is_mkldnn:
+            return "torch (weights not packed for oneDNN)"
+        gemv = cpu_gemv.status()
+        return gemv.reason if gemv.active else f"oneDNN packed weights (own kernel off: {gemv.reason})"
 
     def close(self) -> None:
         self.backend.close()

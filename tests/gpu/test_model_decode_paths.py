@@ -16,7 +16,7 @@ from hybridcache.gpu.model import load_model
 from hybridcache.gpu.model import loader as loader_module
 from hybridcache.gpu.model.checkpoint import CheckpointWeights
 from hybridcache.gpu.model.delta_rule import recurrent_gated_delta_rule_
-from hybridcache.gpu.model.linear import can_pack
+from hybridcache.gpu.model.onednn_packing import can_pack
 from hybridcache.gpu.model.tolerance import CHUNK_DECOMPOSITION_RTOL
 from hybridcache.gpu.state_slots import plan_slot_runs
 

@@ -22,10 +22,11 @@ from hybridcache.gpu.model.config import FULL_ATTENTION, ModelConfig, read_model
 from hybridcache.gpu.model.embedding_rows import EmbeddingRows
 from hybridcache.gpu.model.errors import CheckpointError
 from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
-from hybridcache.gpu.model.linear import can_pack, pack_weight
+from hybridcache.gpu.model.linear import pack_weight
 from hybridcache.gpu.model.mlp import SwiGluMlp
 from hybridcache.gpu.model.moe import MoeBlock
 from hybridcache.gpu.model.norm import norm_scale
+from hybridcache.gpu.model.onednn_packing import can_pack
 from hybridcache.gpu.model.qwen3_5 import DecoderLayer, Qwen35Model
 
 CONFIG_FILE = "config.json"
