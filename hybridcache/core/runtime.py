@@ -16,7 +16,7 @@ from hybridcache.gpu.backend import CpuBackend
 from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
-from hybridcache.gpu.model import Qwen35Model, cpu_gemv, load_model
+from hybridcache.gpu.model import Qwen35Model, cpu_kernels, load_model
 from hybridcache.gpu.model.loader import stored_dtype
 from hybridcache.gpu.transfers import Transfers
 from hybridcache.logs import format_bytes
@@ -122,8 +122,10 @@ class ModelRuntime:
         """Which code multiplies decode's rows by the weights on a CPU, and why."""
         if not self.model.lm_head[0].is_mkldnn:
             return "torch (weights not packed for oneDNN)"
-        gemv = cpu_gemv.status()
-        return gemv.reason if gemv.active else f"oneDNN packed weights (own kernel off: {gemv.reason})"
+        kernels = cpu_kernels.status()
+        if kernels.active:
+            return kernels.reason
+        return f"oneDNN packed weights (own kernels off: {kernels.reason})"
 
     def close(self) -> None:
         self.backend.close()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridcache.gpu.model import cpu_gemv
+from hybridcache.gpu.model import cpu_gemv, cpu_kernels
 from hybridcache.gpu.model.linear import linear, pack_weight
 from hybridcache.gpu.model.onednn_packing import can_pack
 
-STATUS = cpu_gemv.status()
+STATUS = cpu_kernels.status()
 pytestmark = pytest.mark.skipif(
     not (STATUS.active and can_pack(torch.bfloat16, "cpu")), reason=f"kernel not in use here: {STATUS.reason}"
 )
@@ -92,22 +92,17 @@ def test_a_freed_weight_leaves_the_registry() -> None:
     assert key not in cpu_gemv._layouts
 
 
-def _clear_build_caches() -> None:
-    for cached in (cpu_gemv._build_reason, cpu_gemv._library_path, cpu_gemv._library):
-        cached.cache_clear()
-
-
 def test_without_a_compiler_or_when_switched_off_it_says_why(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    _clear_build_caches()
+    cpu_kernels.clear_caches()
     try:
-        status = cpu_gemv.status()
+        status = cpu_kernels.status()
         assert not status.active and "no C compiler" in status.reason
-        monkeypatch.setenv(cpu_gemv.DISABLE_ENV, "off")
-        _clear_build_caches()
-        assert cpu_gemv.status() == cpu_gemv.GemvStatus(False, f"{cpu_gemv.DISABLE_ENV}=off")
+        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "off")
+        cpu_kernels.clear_caches()
+        assert cpu_kernels.status() == cpu_kernels.KernelStatus(False, f"{cpu_kernels.DISABLE_ENV}=off")
     finally:
         monkeypatch.undo()
-        _clear_build_caches()
-    assert cpu_gemv.status().active
+        cpu_kernels.clear_caches()
+    assert cpu_kernels.status().active

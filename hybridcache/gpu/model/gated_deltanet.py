@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridcache.gpu.model import cpu_gdn_step
 from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule_
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
@@ -90,9 +91,15 @@ class GatedDeltaNet(NamedTuple):
         states back in place.
         """
         mixed, z, beta, log_decay = self._project(x)
-        conv_out = self._conv_step(mixed, conv_plane, slots.index)
-        q, k, v = self._split(conv_out)
-        core = recurrent_gated_delta_rule_(q, k, v, log_decay, beta, recurrent_plane, slots)
+        if cpu_gdn_step.applies(mixed, conv_plane, self.conv_weight):
+            core = cpu_gdn_step.step(
+                mixed, conv_plane, self.conv_weight, recurrent_plane, slots.index, log_decay, beta,
+                self.key_heads, self.key_head_dim,
+            )  # fmt: skip
+        else:
+            conv_out = self._conv_step(mixed, conv_plane, slots.index)
+            q, k, v = self._split(conv_out)
+            core = recurrent_gated_delta_rule_(q, k, v, log_decay, beta, recurrent_plane, slots)
         return self._output(core, z, x.dtype)
 
     def _conv_step(self, mixed: torch.Tensor, conv_plane: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
