@@ -17,7 +17,10 @@ prompt for every run so no cache can serve it: the figures are cold prefill and 
   streams delivered while all four were decoding, over that window, against one lane's rate at the same
   prompt length.
 
-Without `--llama-server` only our side and the limit are printed.
+Without `--llama-server` only our side and the limit are printed. With `--rounds N` the two servers take
+turns N times (ours, llama.cpp, ours, ...), each start a fresh process with fresh prompts; each side keeps
+its best speeds over the rounds and its largest RSS. On a shared machine whose speed drifts from minute to
+minute, alternating keeps one slow spell from landing on one side only.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llama-context", type=int, default=16384,
                         help="llama-server's -c (default: %(default)s)")
     parser.add_argument("--skip-batched", action="store_true", help="do not measure batched decode")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="times both servers take turns, best speeds kept (default: %(default)s)")
 
 
 class SideResult(NamedTuple):
@@ -73,14 +78,18 @@ def run(args: argparse.Namespace) -> int:
     from hybridcache.tools.make_tiny_model import ensure_preset
 
     checkpoint = args.checkpoint or ensure_preset(args.preset)
-    prompts = _prompts(args.contexts, args.repeats)
     print(f"checkpoint={checkpoint}")
     print(f"threads={args.threads}")
-    ours = _run_ours(checkpoint, args, prompts)
+    ours_rounds, their_rounds = [], []
+    for round_index in range(args.rounds):
+        prompts = _prompts(args.contexts, args.repeats, seed=20261201 + round_index)
+        ours_rounds.append(_run_ours(checkpoint, args, prompts))
+        if args.llama_server is not None:
+            their_rounds.append(_run_llama(checkpoint, args, prompts))
+    ours = _best_of(ours_rounds)
     _print_side("ours", ours)
-    theirs = None
-    if args.llama_server is not None:
-        theirs = _run_llama(checkpoint, args, prompts)
+    theirs = _best_of(their_rounds) if their_rounds else None
+    if theirs is not None:
         _print_side("llama_cpp", theirs)
     import torch
 
@@ -105,9 +114,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prompts(contexts: list[int], repeats: int) -> dict[int, list[list[int]]]:
+def _best_of(rounds: list[SideResult]) -> SideResult:
+    """One side's figures over its rounds: the best speeds, the largest memory. Pure."""
+    ratios = [result.batched_vs_single for result in rounds if result.batched_vs_single is not None]
+    contexts = rounds[0].prefill_tok_s.keys()
+    return SideResult(
+        {context: max(result.prefill_tok_s[context] for result in rounds) for context in contexts},
+        {context: max(result.decode_tok_s[context] for result in rounds) for context in contexts},
+        max(result.rss_idle for result in rounds),
+        max(result.rss_after for result in rounds),
+        max(result.rss_peak for result in rounds),
+        max(ratios) if ratios else None,
+    )
+
+
+def _prompts(contexts: list[int], repeats: int, seed: int) -> dict[int, list[list[int]]]:
     """A fresh random prompt for every run (so no prefix cache on either side can serve it). Pure."""
-    chooser = random.Random(20261201)
+    chooser = random.Random(seed)
     return {
         context: [[chooser.randrange(FIRST_PLAIN_TOKEN, LAST_PLAIN_TOKEN) for _ in range(context)]
                   for _ in range(repeats)]
