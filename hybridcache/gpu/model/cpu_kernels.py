@@ -1,4 +1,4 @@
-"""Our CPU decode kernels (`cpu_gemv.c`, `cpu_gdn_step.c`): built once per machine, loaded with ctypes.
+"""Our CPU kernels (`cpu_gemv.c`, `cpu_gdn_step.c`, `cpu_rms_norm.c`): built once per machine, loaded.
 
 The C sources are compiled together with the system compiler (`cc`, or `$CC`) into one shared library in
 the user cache (`~/.cache/hybridcache/kernels/`, named by a digest of the sources and flags, written
@@ -24,7 +24,7 @@ from pathlib import Path
 from hybridcache.gpu.dtype_choice import cpu_flags
 from hybridcache.tools.make_tiny_model import cache_root
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_gdn_step.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_gdn_step.c", "cpu_rms_norm.c"))
 COMPILE_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared",
 )  # fmt: skip
@@ -37,6 +37,7 @@ SIGNATURES = {
     "hc_gdn_decode_step": [_PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR, _PTR]
     + [_I64] * 6
     + [_FLOAT, _INT],
+    "hc_rms_norm_bf16": [_PTR, _I64, _I64, _PTR, _FLOAT, _PTR, _INT],
 }
 
 
