@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request extending the previous one echoes its output (endpoint is a resume point)",
     )
     parser.add_argument(
+        "--hedges",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan hedge taps a few hundred to 2,048 tokens before each prompt end (as serve does)",
+    )
+    parser.add_argument(
         "--host-write",
         default=HostWrite.BACK.value,
         choices=[w.value for w in HostWrite],
@@ -96,6 +102,7 @@ def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfi
         users=args.users,
         assume_echo=args.assume_echo,
         host_write=HostWrite(args.host_write),
+        hedges=args.hedges,
     )
 
 

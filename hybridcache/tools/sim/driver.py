@@ -2,7 +2,8 @@
 
 ``admit``: quote -> stage -> plan taps -> activate (-> restore_done at once: copies complete instantly),
 then prefill in chunks exactly as the worker cuts them (exact taps split a chunk, flexible taps land on
-chunk boundaries), taking taps, committing blocks and publishing ready taps after each pass; then the
+chunk boundaries, inner taps are captured inside a pass 64-aligned with them and split any other), taking
+taps, committing blocks and publishing ready taps after each pass; then the
 decode: growth pages and the commit of every generated block. ``finish``: the terminal settlement
 (``Cache.finish``: endpoint, host writes), or for the ``align`` policy one aligned tap and a release.
 Every host write lands at once (``host_write_done``; a write-back on eviction lands inside the cache).
@@ -173,15 +174,20 @@ class RequestDriver:
         chunk = self.shape.cost.prefill_chunk_tokens
         exact = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         flexible = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
+        inner = sorted(t.position for t in taps if t.placement == Placement.INNER)
         boundary = {t.position: t.boundary for t in taps}
         computed = base
         while computed < n:
             start = computed
             end = min(start + chunk, n)
-            end = next((p for p in exact if start < p < end), end)
+            cuts = [p for p in exact if start < p < end]
+            cuts += [p for p in inner if start < p < end and (p - start) % BLOCK_TOKENS]
+            end = min(cuts, default=end)
             table_pages = self._grow(lane, end, table_pages)
-            due = _taps_due(exact, flexible, start, end, base, n)
+            due = _taps_due(sorted(exact + inner), flexible, start, end, base, n)
             for position in (p for p in due if p == start):
+                self._take_tap(lane, position, boundary.get(position, False))
+            for position in (p for p in inner if start < p < end):  # captured inside the pass
                 self._take_tap(lane, position, boundary.get(position, False))
             computed = end
             for position in (p for p in due if p > start):

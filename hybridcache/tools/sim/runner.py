@@ -43,6 +43,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     users: int = 8
     assume_echo: bool = True
     host_write: HostWrite = HostWrite.BACK
+    hedges: bool = True  # HEDGE taps near each prompt end (tap_planner)
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -98,7 +99,9 @@ class Simulation:
             EvictionTally(self.counters),
             config.host_write,
         )
-        options = derive_tap_options(config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier)
+        options = derive_tap_options(
+            config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
+        )
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
         self.conversations: list[Conversation] = list(trace.conversations)
