@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
             ours, oracle = simulate_with_oracle(trace, _config(args, Policy.OURS, args.host_cache_mib))
             align = simulate(trace, _config(args, Policy.ALIGN, args.host_cache_mib))
             points.append(UsersPoint(count, ours, oracle, align))
-            print(f"hybridcache simulate: {count} users done", file=sys.stderr, flush=True)
+            row = users_table(points[-1:])[1]
+            print(f"hybridcache simulate: {count} users done: {row.split()}", file=sys.stderr, flush=True)
         print("\n".join(users_table(points)))
         return 0
     if budgets is None:

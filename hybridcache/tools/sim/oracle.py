@@ -13,7 +13,10 @@ Where ``ours`` values by GDSF, the oracle evicts what is needed furthest in the 
 first), the shallower snapshot first among equals (the deeper one saves more for the same request):
 
 - host room: dead KV first, exactly as ``ours`` (blocks below which no snapshot lies can serve nobody:
-  a hybrid model resumes only from a state), then the host snapshot needed furthest away;
+  a hybrid model resumes only from a state), then the host snapshot with the largest distance to its next
+  use times the bytes its eviction frees (Belady for objects of different sizes: a conversation's newest
+  snapshot frees its whole exclusive KV path, a middle one only its image; plain furthest-first, measured
+  on four WEKA files at 2 users and a 2 GiB host, computed 2.08x the bound where ``ours`` computed 1.12x);
 - snapshot slots: the device copy of a host-backed snapshot needed furthest away, else the device-only
   snapshot needed furthest away (deleted);
 - device pages: unchanged (LRU order with write-back of reachable blocks, as ``ours``): the device
@@ -30,7 +33,7 @@ from hybridcache.cache import events as ev
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
-from hybridcache.cache.host_eviction import dead_victims
+from hybridcache.cache.host_eviction import dead_victims, exclusive_path_bytes
 from hybridcache.cache.records import Residency, Snapshot
 from hybridcache.cache.write_back import HostWrite
 
@@ -53,6 +56,11 @@ class FutureUses:
         self._uses = uses
         self._cursor: dict[int, int] = {}
         self._done: set[int] = set()
+
+    @property
+    def position(self) -> int:
+        """Requests admitted so far: the present on the rank scale."""
+        return len(self._done)
 
     def admitted(self, key: object) -> None:
         """The request ``key`` was admitted: its uses are past. Mutates."""
@@ -87,10 +95,21 @@ class OracleCache(Cache):
         self.future = FutureUses(())
 
     def _needed_at(self, snap: Snapshot) -> tuple[float, int]:
-        """Sort key: larger goes first (needed later; then the shallower one)."""
+        """Sort key for a device slot: larger goes first (needed later; then the shallower one)."""
         anchor = snap.anchor
         when = NEVER if anchor.parent is None else self.future.next_use(anchor.lookup_hash)
         return when, -snap.frontier
+
+    def _host_victim_key(self, snap: Snapshot) -> tuple[float, int]:
+        """Sort key for the host tier, whose entries differ in size by orders of magnitude: requests until
+        the next use times the host bytes its eviction frees (image, tail, and the KV path below which no
+        other snapshot lies, which becomes dead); larger goes first."""
+        when, shallower = self._needed_at(snap)
+        index = self.index
+        size = index.geometry.image_bytes + exclusive_path_bytes(index, snap.anchor)
+        if snap.tail_tokens:
+            size += index.geometry.slab_bytes
+        return (when - self.future.position) * size, shallower
 
     def _free_host_slabs(self, count: int) -> bool:
         index = self.index
@@ -106,7 +125,7 @@ class OracleCache(Cache):
                               if s.restore_pins == 0 and s.host_state == Residency.RESIDENT]
                 if not candidates:
                     return False
-                victim = max(candidates, key=lambda s: (self._needed_at(s), -s.id))
+                victim = max(candidates, key=lambda s: (self._host_victim_key(s), -s.id))
                 events = [ev.SnapshotHostDropped(0, victim.id) if victim.device_complete
                           else ev.SnapshotDeleted(0, victim.id)]
             self.stats.evicted_host_events += len(events)
