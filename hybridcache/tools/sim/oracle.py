@@ -13,10 +13,11 @@ Where ``ours`` values by GDSF, the oracle evicts what is needed furthest in the 
 first), the shallower snapshot first among equals (the deeper one saves more for the same request):
 
 - host room: dead KV first, exactly as ``ours`` (blocks below which no snapshot lies can serve nobody:
-  a hybrid model resumes only from a state), then the host snapshot with the largest distance to its next
-  use times the bytes its eviction frees (Belady for objects of different sizes: a conversation's newest
-  snapshot frees its whole exclusive KV path, a middle one only its image; plain furthest-first, measured
-  on four WEKA files at 2 users and a 2 GiB host, computed 2.08x the bound where ``ours`` computed 1.12x);
+  a hybrid model resumes only from a state), then the host snapshot whose next use saves the least
+  prefill per byte freed per request until that use (Belady for objects that differ in size and worth:
+  a conversation's newest snapshot frees its whole exclusive KV path, a middle one only its image).
+  Measured on four WEKA files, 2 users, a 2 GiB host (bound 715,084 tokens, ours 803,730): plain
+  furthest-first computed 1,484,670, distance x bytes 859,375;
 - snapshot slots: the device copy of a host-backed snapshot needed furthest away, else the device-only
   snapshot needed furthest away (deleted);
 - device pages: unchanged (LRU order with write-back of reachable blocks, as ``ours``): the device
@@ -33,7 +34,7 @@ from hybridcache.cache import events as ev
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
-from hybridcache.cache.host_eviction import dead_victims, exclusive_path_bytes
+from hybridcache.cache.host_eviction import dead_victims, exclusive_path_bytes, valuation_base
 from hybridcache.cache.records import Residency, Snapshot
 from hybridcache.cache.write_back import HostWrite
 
@@ -101,15 +102,20 @@ class OracleCache(Cache):
         return when, -snap.frontier
 
     def _host_victim_key(self, snap: Snapshot) -> tuple[float, int]:
-        """Sort key for the host tier, whose entries differ in size by orders of magnitude: requests until
-        the next use times the host bytes its eviction frees (image, tail, and the KV path below which no
-        other snapshot lies, which becomes dead); larger goes first."""
+        """Sort key for the host tier, whose entries differ in size and worth by orders of magnitude: the
+        prefill its next use saves (over the snapshot above it, as GDSF values it) per host byte its
+        eviction frees (image, tail, and the KV path below which no other snapshot lies) per request
+        until that use; smaller goes first, never used again first of all."""
         when, shallower = self._needed_at(snap)
+        if when == NEVER:
+            return 0.0, shallower
         index = self.index
         size = index.geometry.image_bytes + exclusive_path_bytes(index, snap.anchor)
         if snap.tail_tokens:
             size += index.geometry.slab_bytes
-        return (when - self.future.position) * size, shallower
+        base = valuation_base(snap)
+        saved = self.cost.prefill_seconds(base, snap.frontier - base)
+        return saved / size / max(when - self.future.position, 1.0), shallower
 
     def _free_host_slabs(self, count: int) -> bool:
         index = self.index
@@ -125,7 +131,7 @@ class OracleCache(Cache):
                               if s.restore_pins == 0 and s.host_state == Residency.RESIDENT]
                 if not candidates:
                     return False
-                victim = max(candidates, key=lambda s: (self._host_victim_key(s), -s.id))
+                victim = min(candidates, key=lambda s: (self._host_victim_key(s), s.id))
                 events = [ev.SnapshotHostDropped(0, victim.id) if victim.device_complete
                           else ev.SnapshotDeleted(0, victim.id)]
             self.stats.evicted_host_events += len(events)
