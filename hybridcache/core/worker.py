@@ -31,6 +31,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS, SlotId, SnapshotId
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
+from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.lanes import LaneState
@@ -484,6 +485,9 @@ class Worker:
         the tap is skipped."""
         if frontier < BLOCK_TOKENS and lane.request.prompt.extra_key:
             lane.taps_skipped += 1  # a root-anchored snapshot cannot carry the salt (see cache/match.py)
+            return None
+        if frontier in lane.inner_taps and not room_for_hedge(self.cache.index):
+            lane.taps_skipped += 1  # a hedge never takes the slot the lane's tail will need
             return None
         result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
         if result.slot is None:

@@ -116,7 +116,9 @@ async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_e
 ):
     first = filler_tokens(1400, seed=35)  # one pass to the tail tap at 1344 (chunk 2048)
     edited = first[:1200] + filler_tokens(150, seed=36)  # diverges 200 tokens before the first one's end
-    engine = await start_engine(micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64)
+    engine = await start_engine(
+        micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=6
+    )  # room for three hedges and the tail (a hedge never takes the slot the tail needs: room_for_hedge)
     try:
         await generate(engine, frontend.prepare_tokens(first), 1)
         captured = engine.stats()["snapshot_taps_in_pass"]

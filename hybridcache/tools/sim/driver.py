@@ -21,6 +21,7 @@ from hybridcache.cache.facade_results import FinishResult, HostWritePlan, Publis
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
+from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import (
     Placement,
     PlannedTap,
@@ -73,6 +74,7 @@ class RequestDriver:
         self.counters = counters
         self.free_lanes = list(range(cache.index.geometry.max_concurrency - 1, -1, -1))
         self.active: dict[int, _Active] = {}
+        self._hedges: set[int] = set()  # the hedge positions of the request being prefilled
 
     # ------------------------------------------------------------------ admission and prefill
     def admit(self, material: RequestMaterial, hints: list[TapHint]) -> Admitted:
@@ -175,6 +177,7 @@ class RequestDriver:
         exact = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         flexible = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
         inner = sorted(t.position for t in taps if t.placement == Placement.INNER)
+        self._hedges = set(inner)
         boundary = {t.position: t.boundary for t in taps}
         computed = base
         while computed < n:
@@ -198,6 +201,9 @@ class RequestDriver:
         return table_pages
 
     def _take_tap(self, lane: int, position: int, boundary: bool) -> None:
+        if position in self._hedges and not room_for_hedge(self.cache.index):
+            self.counters.taps_skipped += 1  # as the worker: a hedge never takes the tail's slot
+            return
         result = self.cache.take_tap(lane, position, boundary)
         if result.slot is None:
             self.counters.taps_skipped += 1
