@@ -51,3 +51,20 @@ def plan_snapshot_slot(
         victim = min(backed, key=lambda s: (s.last_hit_tick, s.id))
         return [ev.SnapshotDeviceDropped(0, victim.id)]
     return None
+
+
+def room_for_hedge(index: PrefixIndex) -> bool:
+    """A hedge tap may take a snapshot slot only while another stays within reach of the lane's later taps
+    (its prompt tail, its endpoint): a slot free within D, or one more held by a snapshot whose host copy is
+    complete (dropping that device copy loses nothing). A hedge must never cost the tail its slot: a
+    skipped tail lets the endpoint publish off the block grid (the tail's proximity rule no longer drops
+    it), and a resume there is not bit-exact. Pure."""
+    slots = index.slots
+    spare = slots.max_snapshot - slots.num_snapshot_class
+    if spare >= 2:
+        return True
+    backed = sum(
+        1 for s in index.snapshots.values() if _evictable_slot_owner(s) and s.host_state == Residency.RESIDENT
+    )
+    return spare + backed >= 2
+

@@ -10,7 +10,19 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
                    the resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold
                    run computes one, so the resumed logits would differ in the last bits; resuming at the
                    boundary recomputes at most 64 tokens and is bit-exact)
-    5 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
+    5 HEDGE        n − 256, n − 512, n − 1024, n − 2048 snapped down to a block boundary: states a little
+                   before the prompt end, so that an edit or a regeneration of the last message of a prompt
+                   without known structure (token ids, unknown templates) resumes close to where it
+                   diverges (llama.cpp keeps one such checkpoint ~512 tokens before every prompt end).
+                   INNER: taken inside a prefill pass without splitting it (the chunked delta rule has the
+                   state at every 64-token sub-chunk boundary of a pass that starts 64-aligned with it;
+                   ``GatedDeltaNet.capturing_states``); a pass that does not start so is split (as EXACT).
+                   Hedges are short-lived by valuation: each lies in the middle of its lineage, so GDSF
+                   values it by the few hundred tokens it saves over the snapshot above it (a low density:
+                   they are the first snapshots to go under host pressure), the deepest one is superseded
+                   by the prompt tail and the endpoint taken after it, and the next request of the
+                   conversation hedges near its own end.
+    6 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
 
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
 span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) whose
@@ -57,13 +69,21 @@ class TapSource(IntEnum):
     AUTOMATIC = 4
     PROMPT_TAIL = 5
     LADDER = 6
+    HEDGE = 7
 
 
 class Placement(IntEnum):
-    """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries."""
+    """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries; INNER
+    ones are copied from inside a pass that starts a multiple of 64 tokens before them (else they split
+    it)."""
 
     EXACT = 1
     FLEXIBLE = 2
+    INNER = 3
+
+
+HEDGE_DISTANCES = (256, 512, 1024, 2048)
+"""Tokens before the prompt end at which hedges are planned (each then snapped down to a block)."""
 
 
 class TapHint(NamedTuple):
@@ -85,6 +105,7 @@ class TapOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_new_taps: int
     ladder_tokens: int
     min_gap_tokens: int
+    hedges: bool = True  # plan HEDGE taps near the prompt end
 
     def __post_init__(self) -> None:
         if self.max_new_taps < 0:
@@ -102,6 +123,7 @@ def derive_tap_options(
     max_new_taps: int | None = None,
     ladder_tokens: int | None = None,
     min_gap_tokens: int | None = None,
+    hedges: bool = True,
 ) -> TapOptions:
     """The §14.2 defaults, each replaced by its override when given. Pure.
 
@@ -114,6 +136,7 @@ def derive_tap_options(
         max_new_taps=(8 if host_tier else 2) if max_new_taps is None else max_new_taps,
         ladder_tokens=max(4096, 2 * prefill_chunk) if ladder_tokens is None else ladder_tokens,
         min_gap_tokens=max(1024, prefill_chunk) if min_gap_tokens is None else min_gap_tokens,
+        hedges=hedges,
     )
 
 
@@ -191,6 +214,8 @@ def plan_taps(
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_tail(tail)
+    for candidate in _hedge_candidates(n, base, spans) if options.hedges else ():
+        planner.offer_near(candidate)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
         planner.offer_ladder(candidate)
     return planner.planned()
@@ -285,6 +310,12 @@ def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Can
     return _Candidate(placed, TapSource.PROMPT_TAIL, False)
 
 
+def _hedge_candidates(n: int, base: int, spans: Sequence[tuple[int, int]]) -> list[_Candidate]:
+    """n − d for each hedge distance d, nearest the end first, on a block boundary out of media spans."""
+    placed = (_place_aligned(n - distance, spans) for distance in HEDGE_DISTANCES if n - distance > base)
+    return [_Candidate(p, TapSource.HEDGE, False) for p in placed if base < p <= n - 1]
+
+
 def _ladder_candidates(
     n: int, base: int, hints: Sequence[TapHint], spans: Sequence[tuple[int, int]], options: TapOptions
 ) -> list[_Candidate]:
@@ -369,4 +400,6 @@ class _Acceptance:
 
 
 def _placement_of(source: TapSource) -> Placement:
+    if source == TapSource.HEDGE:
+        return Placement.INNER
     return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.EXACT

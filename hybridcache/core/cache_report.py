@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from hybridcache.cache.ids import SnapshotId
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.records import LruList, Residency, SlotRole, Snapshot
 
@@ -33,6 +36,12 @@ def superseded_snapshot_bytes(index: PrefixIndex) -> int:
         for snap in index.snapshots.values()
         if snap.superseded
     )
+
+
+def snapshot_host_bytes(index: PrefixIndex, snapshots: Iterable[SnapshotId]) -> int:
+    """Host bytes (images and tails) of those of `snapshots` still in the index. Reads only."""
+    live = [snap for snap in (index.snapshots.get(sid) for sid in snapshots) if snap is not None]
+    return sum(_snapshot_image_bytes(index, snap) + _snapshot_tail_bytes(index, snap) for snap in live)
 
 
 def _snapshot_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:

@@ -23,7 +23,12 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
-from hybridcache.core.cache_report import device_counts, host_tier_composition, superseded_snapshot_bytes
+from hybridcache.core.cache_report import (
+    device_counts,
+    host_tier_composition,
+    snapshot_host_bytes,
+    superseded_snapshot_bytes,
+)
 from hybridcache.core.requests import Request, RequestStream
 from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
@@ -209,6 +214,8 @@ class Engine:
         }
         if worker is not None:
             stats.update(worker.counters.as_dict())
+        hedges = () if worker is None else worker.hedge_snapshots
+        stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
         return stats
 
     def _journal_stats(self) -> dict[str, object]:

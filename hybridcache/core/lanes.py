@@ -41,6 +41,7 @@ class LaneState:
         self.base = base
         self.exact_taps = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         self.flexible_taps = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
+        self.inner_taps = sorted(t.position for t in taps if t.placement == Placement.INNER)
         self.boundary = {t.position: t.boundary for t in taps}
         self.restore: RestoreTicket | None = None
         self.tail_copy: PageCopy | None = None
@@ -64,21 +65,27 @@ class LaneState:
         return self.computed < self.prompt_len
 
     def next_chunk_end(self, chunk: int) -> int:
-        """End of the next prefill pass: the chunk size, cut at the next exact tap."""
-        end = min(self.computed + chunk, self.prompt_len)
-        for position in self.exact_taps:
-            if self.computed < position < end:
-                return position
-        return end
+        """End of the next prefill pass: the chunk size, cut at the next exact tap, or at the next inner tap
+        that the pass cannot capture (one not a multiple of 64 tokens after the pass start)."""
+        start = self.computed
+        end = min(start + chunk, self.prompt_len)
+        cuts = [p for p in self.exact_taps if start < p < end]
+        cuts += [p for p in self.inner_taps if start < p < end and (p - start) % BLOCK_TOKENS]
+        return min(cuts, default=end)
+
+    def inner_due(self, start: int, end: int) -> list[int]:
+        """Inner taps the pass [start, end) captures inside itself (strictly inside, 64-aligned with its
+        start; `next_chunk_end` cut the pass at any other)."""
+        return [p for p in self.inner_taps if start < p < end and (p - start) % BLOCK_TOKENS == 0]
 
     def pages_needed(self, end: int) -> int:
         """More pages the block table needs to hold positions below `end`."""
         return max(0, -(-end // BLOCK_TOKENS) - len(self.block_table))
 
     def taps_due(self, start: int, end: int) -> list[int]:
-        """Frontiers to snapshot around the pass [start, end) (spec §7.1): exact taps at `end`;
+        """Frontiers to snapshot around the pass [start, end) (spec §7.1): exact and inner taps at `end`;
         flexible taps reached by a non-final pass at its end, or lying in the final pass at its start."""
-        due = [p for p in self.exact_taps if p == end]
+        due = [p for p in (*self.exact_taps, *self.inner_taps) if p == end]
         final = end == self.prompt_len
         for position in self.flexible_taps:
             if start < position <= end:

@@ -27,10 +27,11 @@ from hybridcache.cache.facade_results import (
     PublishResult,
     StateSourceKind,
 )
-from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.ids import BLOCK_TOKENS, SlotId, SnapshotId
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
+from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.lanes import LaneState
@@ -38,6 +39,7 @@ from hybridcache.core.requests import Phase, Request
 from hybridcache.core.worker_stats import WorkerCounters
 from hybridcache.gpu.backend import DeviceError, DeviceEvent
 from hybridcache.gpu.heap_trim import heap_trimmer
+from hybridcache.gpu.model.gated_deltanet import capturing_states
 from hybridcache.gpu.sampler import LaneSamplingState, SampleResult, is_stop, sample
 from hybridcache.gpu.transfers import ImageCopy
 from hybridcache.logs import get_logger
@@ -107,6 +109,7 @@ class Worker:
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
+        self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
 
     # -- inbox ------------------------------------------------------------------------------------
@@ -361,13 +364,19 @@ class Worker:
         due = lane.taps_due(start, end)
         for frontier in (p for p in due if p == start):
             self._take_tap(lane, frontier)
+        captures = {}  # offset into the pass -> the slot its state is copied into (hedges, no split)
+        for frontier in lane.inner_due(start, end):
+            slot = self._reserve_tap(lane, frontier)
+            if slot is not None:
+                captures[frontier - start] = slot
+                self.counters.taps_in_pass += 1
         ticket, tail_copy = lane.restore, lane.tail_copy
         lane.restore = lane.tail_copy = None
         tokens = lane.tokens[start:end]
         final = end == lane.prompt_len
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(
-            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, final
+            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, final, captures
         )
         lane.computed = end
         self.counters.prefill_tokens += end - start
@@ -379,7 +388,7 @@ class Worker:
             self._accept_sample(lane, result)
 
     def _prefill_compute(
-        self, lane: LaneState, tokens, start, ticket, tail_copy, final
+        self, lane: LaneState, tokens, start, ticket, tail_copy, final, captures
     ) -> SampleResult | None:
         """Compute thread: wait for the restore prelude, copy the tail, run the pass (waiting per layer)."""
         runtime = self.runtime
@@ -395,9 +404,10 @@ class Worker:
 
         if tail_copy is not None:
             self._copy_page_prefix(tail_copy)
-        logits = runtime.model.prefill(
-            tokens, start, lane.block_table, lane.slot, runtime.kv, runtime.states, layer_hook=hook
-        )
+        with capturing_states(runtime.states, lane.slot, captures):
+            logits = runtime.model.prefill(
+                tokens, start, lane.block_table, lane.slot, runtime.kv, runtime.states, layer_hook=hook
+            )
         if not final:
             return None
         return sample(logits[None, :], [lane.request.sampling], [lane.sampler])[0]
@@ -466,23 +476,44 @@ class Worker:
 
     # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
     def _take_tap(self, lane: LaneState, frontier: int) -> None:
+        slot = self._reserve_tap(lane, frontier)
+        if slot is not None:
+            self.runtime.states.copy_slot(lane.slot, slot)
+
+    def _reserve_tap(self, lane: LaneState, frontier: int) -> SlotId | None:
+        """A staging slot for a tap at `frontier` (the caller fills it with the state there), or None when
+        the tap is skipped."""
         if frontier < BLOCK_TOKENS and lane.request.prompt.extra_key:
             lane.taps_skipped += 1  # a root-anchored snapshot cannot carry the salt (see cache/match.py)
-            return
+            return None
+        if frontier in lane.inner_taps and not room_for_hedge(self.cache.index):
+            lane.taps_skipped += 1  # a hedge never takes the slot the lane's tail will need
+            return None
         result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
         if result.slot is None:
             lane.taps_skipped += 1
-            return
-        self.runtime.states.copy_slot(lane.slot, result.slot)
+            return None
         lane.taps_taken += 1
+        return result.slot
 
     def _commit(self, lane: LaneState) -> CommitResult:
         prompt = lane.request.prompt
         committed = lane.tokens[: lane.computed]
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
-        self._apply_publication(self.cache.publish_ready_taps(lane.lane_id, committed))
+        published = self.cache.publish_ready_taps(lane.lane_id, committed)
+        self._note_hedges(lane, published)
+        self._apply_publication(published)
         return result
+
+    def _note_hedges(self, lane: LaneState, published: PublishResult) -> None:
+        """Remember which snapshots are hedges (their host bytes are reported apart); forgets the deleted
+        ones once the set has grown past twice the cache's snapshots."""
+        hedges = self.hedge_snapshots
+        hedges.update(tap.snapshot for tap in published.published if tap.position in lane.inner_taps)
+        live = self.cache.index.snapshots
+        if len(hedges) > 2 * len(live) + 64:
+            hedges.intersection_update(live)
 
     def _apply_publication(self, result: PublishResult) -> None:
         for tap in result.published:

@@ -21,6 +21,7 @@ class WorkerCounters:
         self.requests_finished = 0
         self.taps_taken = 0
         self.taps_skipped = 0
+        self.taps_in_pass = 0  # hedge taps copied from inside a prefill pass (no split of the pass)
         self.prefetched_blocks = 0
         self.inserted_prompt_tokens = 0
 
@@ -55,5 +56,6 @@ class WorkerCounters:
             "requests_finished": self.requests_finished,
             "snapshot_taps_taken": self.taps_taken,
             "snapshot_taps_skipped": self.taps_skipped,
+            "snapshot_taps_in_pass": self.taps_in_pass,
             "prefetched_blocks": self.prefetched_blocks,
         }

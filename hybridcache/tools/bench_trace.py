@@ -3,13 +3,17 @@
     hybridcache bench trace-gen --kind agent --seed 1 --scale 0.05 --out agent.jsonl
     hybridcache bench trace agent.jsonl --max-requests 24 --time-scale 0 --plot ttft.png
     hybridcache bench trace TRACE --server http://127.0.0.1:8000 --nocache-server http://127.0.0.1:8001
+    hybridcache bench trace WEKA_DIR --server URL --checkpoint CKPT --time-scale 0 --concurrency 1 \
+        --max-prompt-tokens 200000 --max-output-tokens 16
 
 Requests go through the `openai` async client, a task per conversation, concurrently as in the trace
 (see `trace_client`); message traces go through /v1/chat/completions, block-id traces (WEKA, Mooncake)
 through /v1/completions with deterministic token-id prompts (see `trace_plan`). Without `--server` it
 starts `hybridcache serve` itself on a free port with the chosen checkpoint, first with the prefix cache,
 then with `--no-prefix-reuse`, one after the other (they share this machine's cores), and stops each with
-an orderly SIGTERM. Each server first answers one short warm-up request of its own.
+an orderly SIGTERM (`--cache-only`: the cached one alone). Each server first answers one short warm-up
+request of its own. `--concurrency U` replays at most U conversations at a time (WEKA: a root with its
+sub-agents inline is one conversation).
 
 Prints one name=value per line: `requests`, then per server (`cache.`, `nocache.`) answered requests,
 errors, TTFT p50/p90/p99 in seconds, prompt, cached, computed (prompt − cached) and output tokens, then
@@ -17,6 +21,13 @@ errors, TTFT p50/p90/p99 in seconds, prompt, cached, computed (prompt − cached
 `ttft_p90_vs_nocache` and `computed_vs_nocache`. `note=` lines say what was capped or skipped. Progress
 goes to stderr. `--plot out.png` draws TTFT per turn for both servers. Exit status 2 for a missing or
 unreadable trace, a bad flag or an unreachable server; 1 when a server answered no request at all.
+
+For token-id prompts (block-id traces) each server also gets the token-exact infinite-cache bound
+(`trace_bound`): `<label>.bound_tokens`, `<label>.evaluated_tokens` (prompt − cached) and
+`<label>.evaluated_vs_bound`, overall and per conversation (`<label>.bound.<conversation>.…`), and a
+`<label>.late=` line for every request that evaluated more than bound + 64 tokens: its prompt length,
+where it resumed, where it diverges from the earlier prompt it shares most with (the nearest snapshot
+would have had to be there) and that prompt.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from pathlib import Path
 
 from hybridcache.tools.bench_engine import preset_checkpoint, run_loop
 from hybridcache.tools.serve_launch import ServeFlags, ServeLaunchError, ServeProcess
+from hybridcache.tools.trace_bound import Evaluated, LateResume, bound_report, prompt_bounds
 from hybridcache.tools.trace_client import (
     OpenAIMissing,
     RequestRecord,
@@ -75,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="lanes of the servers this command starts (default: %(default)s)")
     parser.add_argument("--kv-pages", type=int, default=1024,
                         help="device KV pages of the servers this command starts (default: %(default)s)")
+    parser.add_argument("--concurrency", type=int,
+                        help="replay at most U conversations at a time (default: all at once)")
+    parser.add_argument("--cache-only", action="store_true",
+                        help="start only the server with the prefix cache (no --no-prefix-reuse run)")
     parser.add_argument("--api-key", default="none", help="bearer key for --server URLs")
     parser.add_argument("--plot", type=Path, help="write TTFT per turn for both servers to this PNG")
 
@@ -115,6 +131,11 @@ def _run(args: argparse.Namespace) -> int:
     summary.update(compare(summary))
     for name, value in summary.items():
         print(f"{name}={format_value(value)}")
+    if plan.endpoint == "completion":
+        for label, records in runs.items():
+            _print_bound(label, plan, records)
+    else:
+        print("note=the infinite-cache bound needs token-id prompts (a block-id trace)")
     if args.plot:
         title = f"Time to first token: {args.trace.name} ({plan.num_requests} requests per server)"
         plot_ttft_per_turn(runs, title, args.plot)
@@ -132,6 +153,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise BenchTraceError("--max-concurrency must be 1..8")
     if args.max_requests is not None and args.max_requests < 1:
         raise BenchTraceError("--max-requests must be at least 1")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise BenchTraceError("--concurrency must be at least 1")
     if not args.trace.exists():
         raise BenchTraceError(f"{args.trace}: no such trace file or directory")
     if args.plot and not args.plot.parent.is_dir():
@@ -181,7 +204,7 @@ def _replay_all(args: argparse.Namespace, plan: ReplayPlan, servers: list[Server
         return runs
     assert checkpoint is not None
     print(f"checkpoint={checkpoint}")
-    for label, reuse in (("cache", True), ("nocache", False)):
+    for label, reuse in (("cache", True), ("nocache", False))[: 1 if args.cache_only else 2]:
         flags = ServeFlags(checkpoint, prefix_reuse=reuse, max_concurrency=args.max_concurrency,
                            kv_pages=args.kv_pages)
         _progress(f"[{label}] starting hybridcache serve{'' if reuse else ' --no-prefix-reuse'}")
@@ -215,13 +238,39 @@ def _replay_one(label: str, server: ServerInfo, plan: ReplayPlan,
             warm = await send_request(client, server.model, _warm_up_request(plan), time.perf_counter())
             if not warm.ok:
                 _progress(f"[{label}] warm-up failed: {warm.error}")
-            return await replay(client, server.model, plan, args.time_scale, progress)
+            return await replay(client, server.model, plan, args.time_scale, progress, args.concurrency)
 
     _progress(f"[{label}] replaying {total} requests against {server.url} (model {server.model})")
     started = time.perf_counter()
     records = run_loop(session())
     print(f"{label}.wall_s={time.perf_counter() - started:.1f}")
     return records
+
+
+def _print_bound(label: str, plan: ReplayPlan, records: list[RequestRecord]) -> None:
+    """The bound lines of one server's replay (see the module docstring)."""
+    planned = {(r.conversation, r.turn): (c.id, r) for c in plan.conversations for r in c.requests}
+    answered = sorted((r for r in records if r.ok), key=lambda r: r.sent_s)
+    bounds = prompt_bounds([((r.conversation, r.turn), planned[r.conversation, r.turn][1].prompt_token_ids)
+                            for r in answered])
+    evaluated = [Evaluated((r.conversation, r.turn), planned[r.conversation, r.turn][0], r.prompt_tokens,
+                           r.cached_tokens) for r in answered]
+    mismatched = sum(b.prompt_tokens != e.prompt_tokens for b, e in zip(bounds, evaluated))
+    if mismatched:
+        print(f"note={label}: {mismatched} replies counted a prompt length other than the tokens sent")
+    summary, late = bound_report(bounds, evaluated)
+    for name, value in summary.items():
+        print(f"{label}.{name}={format_value(value)}")
+    for request in late:
+        print(f"{label}.late={_describe_late(request)}")
+
+
+def _describe_late(request: LateResume) -> str:
+    conversation, turn = request.key
+    shared = "no earlier prompt" if request.shared_with is None else "{} turn {}".format(*request.shared_with)
+    return (f"{conversation} turn {turn}: prompt {request.prompt_tokens}, resumed at {request.resumed_at}, "
+            f"diverges at {request.diverges_at} from {shared}; evaluated {request.evaluated}, "
+            f"bound {request.bound}")
 
 
 def _warm_up_request(plan: ReplayPlan) -> PlannedRequest:

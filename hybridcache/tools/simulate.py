@@ -4,7 +4,8 @@ Drives the cache through the engine's admission, tap, commit and finish calls fo
 traces (WEKA Claude-Code JSON, Mooncake JSONL or our JSONL, auto-detected), sized for a model shape, and
 prints one name=value per line: what was computed, what was reused from device and host, what was
 evicted, and the infinite-cache bound (computed_vs_bound). --sweep runs several host budgets (and, with
---plot, every policy) and prints a table.
+--plot, every policy) and prints a table. --sweep-users 4,8,12,16 prints, per number of concurrent users,
+what ``ours``, the offline ``oracle`` (Belady, same capacity; sim/oracle.py) and ``align`` compute.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from pathlib import Path
 
 from hybridcache.cache.write_back import HostWrite
 from hybridcache.tools.sim.policies import Policy
-from hybridcache.tools.sim.report import SweepPoint, plot_sweep, result_lines, sweep_table
-from hybridcache.tools.sim.runner import SimConfig, simulate
+from hybridcache.tools.sim.report import (
+    SweepPoint,
+    UsersPoint,
+    plot_sweep,
+    result_lines,
+    sweep_table,
+    users_table,
+)
+from hybridcache.tools.sim.runner import SimConfig, simulate, simulate_with_oracle
 from hybridcache.tools.sim.shapes import DEFAULT_SHAPE, SHAPES, get_shape
 from hybridcache.tools.traces import TraceFormatError, load_trace
 
@@ -48,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request extending the previous one echoes its output (endpoint is a resume point)",
     )
     parser.add_argument(
+        "--hedges",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="plan hedge taps a few hundred to 2,048 tokens before each prompt end (as serve does)",
+    )
+    parser.add_argument(
         "--host-write",
         default=HostWrite.BACK.value,
         choices=[w.value for w in HostWrite],
@@ -59,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MIB,MIB,...",
         help="host budgets to sweep (a table; every policy with --plot)",
+    )
+    parser.add_argument(
+        "--sweep-users",
+        default=None,
+        metavar="U,U,...",
+        help="numbers of concurrent users to run ours, oracle and align at (a table; --users is ignored)",
     )
     parser.add_argument(
         "--plot",
@@ -82,6 +102,7 @@ def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfi
         users=args.users,
         assume_echo=args.assume_echo,
         host_write=HostWrite(args.host_write),
+        hedges=args.hedges,
     )
 
 
@@ -97,14 +118,36 @@ def _sweep_budgets(text: str | None) -> list[int]:
     return budgets
 
 
+def _sweep_users(text: str) -> list[int]:
+    try:
+        users = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--sweep-users wants comma-separated user counts, got {text!r}") from None
+    if not users or min(users) < 1:
+        raise ValueError(f"--sweep-users wants positive user counts, got {text!r}")
+    return users
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the simulation(s) and print the report. Returns the exit status (2 for bad input)."""
     try:
         trace = load_trace(args.traces, shared_prefix=True)
         budgets = _sweep_budgets(args.sweep) if (args.sweep or args.plot) else None
+        users = _sweep_users(args.sweep_users) if args.sweep_users is not None else None
     except (TraceFormatError, ValueError) as error:
         print(f"hybridcache simulate: {error}", file=sys.stderr)
         return 2
+    if users is not None:
+        points = []
+        for count in users:
+            args.users = count
+            ours, oracle = simulate_with_oracle(trace, _config(args, Policy.OURS, args.host_cache_mib))
+            align = simulate(trace, _config(args, Policy.ALIGN, args.host_cache_mib))
+            points.append(UsersPoint(count, ours, oracle, align))
+            row = users_table(points[-1:])[1]
+            print(f"hybridcache simulate: {count} users done: {row.split()}", file=sys.stderr, flush=True)
+        print("\n".join(users_table(points)))
+        return 0
     if budgets is None:
         config = _config(args, Policy(args.policy), args.host_cache_mib)
         result = simulate(trace, config)

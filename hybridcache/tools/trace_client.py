@@ -1,11 +1,12 @@
 """Replay a `ReplayPlan` against a running server with the `openai` async client, streaming.
 
-Conversations run concurrently; the requests of one conversation go in order, each no earlier than its
-arrival time and no earlier than the previous reply plus its think time (both times the trace's, scaled
-by `time_scale`; 0 sends as fast as replies allow). Every request streams with usage, and asks for
-logprobs so that the server sends a chunk for every token even while its output parser holds text back:
-TTFT is the time from sending to the first chunk that carries a token. A failed request is recorded with
-its error and the conversation goes on.
+Conversations run concurrently (at most `concurrency` at a time when given: the next one starts when one
+ends, in plan order, its clock starting then); the requests of one conversation go in order, each no
+earlier than its arrival time and no earlier than the previous reply plus its think time (both times the
+trace's, scaled by `time_scale`; 0 sends as fast as replies allow). Every request streams with usage, and
+asks for logprobs so that the server sends a chunk for every token even while its output parser holds
+text back: TTFT is the time from sending to the first chunk that carries a token. A failed request is
+recorded with its error and the conversation goes on.
 
 The `openai` package is a test extra (`pip install 'hybridcache[test]'` or `pip install openai`);
 `require_openai()` says so clearly when it is missing.
@@ -100,16 +101,22 @@ def make_client(server: ServerInfo, api_key: str = "none") -> AsyncOpenAI:
 
 
 async def replay(client: AsyncOpenAI, model: str, plan: ReplayPlan, time_scale: float,
-                 progress: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+                 progress: Callable[[RequestRecord], None] | None = None,
+                 concurrency: int | None = None) -> list[RequestRecord]:
     """Send every planned request (see the module docstring). Returns the records in completion order;
     calls `progress` after each. Raises nothing for a failed request (it is recorded)."""
     records: list[RequestRecord] = []
     started = time.perf_counter()
+    lanes = asyncio.Semaphore(concurrency or max(1, len(plan.conversations)))
 
     async def conversation(planned: PlannedConversation) -> None:
-        replied = started
+        async with lanes:
+            await _send_in_order(planned)
+
+    async def _send_in_order(planned: PlannedConversation) -> None:
+        lane_start = replied = time.perf_counter()  # a conversation that waited for a lane starts late
         for request in planned.requests:
-            send_at = max(started + request.arrival_s * time_scale, replied + request.think_s * time_scale)
+            send_at = max(lane_start + request.arrival_s * time_scale, replied + request.think_s * time_scale)
             await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
             record = await send_request(client, model, request, started)
             replied = time.perf_counter()

@@ -10,7 +10,10 @@
 `--max-requests N` keeps the first N requests in the order the trace sends them, never a turn without
 the turns before it: on a global clock (Mooncake, our JSONL) by arrival time across all conversations;
 on a per-conversation clock (WEKA) root by root in source order (each root with its sub-agents), since
-WEKA roots carry no common clock. Pure functions; nothing here mutates its inputs.
+WEKA roots carry no common clock. On a per-conversation clock a root and its sub-agents form one
+`PlannedConversation` (the root's id), their requests inline in trace order: a sub-agent's requests go
+where the trace has them, between its parent's, as the client that ran them sent them. Pure functions;
+nothing here mutates its inputs.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def plan_replay(trace: Trace, limits: PlanLimits, token_range: tuple[int, int] |
     if endpoint == "completion" and prompt_capped:
         notes.append(f"token-id prompts capped at their first {limits.max_prompt_tokens} tokens "
                      f"({prompt_capped} of {len(chosen)} requests; --max-prompt-tokens)")
-    return ReplayPlan(_group(planned), endpoint, tuple(notes))
+    return ReplayPlan(_group(planned, _lane_of(trace)), endpoint, tuple(notes))
 
 
 def select_requests(trace: Trace, max_requests: int | None) -> list[TraceRequest]:
@@ -125,17 +128,9 @@ def _root_ranks(trace: Trace) -> dict[str, int]:
     """Per conversation: 0 on a global clock; on a per-conversation clock, its root's source position."""
     if trace.clock == "global":
         return {c.id: 0 for c in trace.conversations}
-    parents = {c.id: c.parent for c in trace.conversations}
     roots = {c.id: position for position, c in enumerate(trace.roots())}
-
-    def root_of(name: str) -> str:
-        seen: set[str] = set()
-        while (parent := parents.get(name)) is not None and parent in parents and name not in seen:
-            seen.add(name)
-            name = parent
-        return name
-
-    return {c.id: roots.get(root_of(c.id), len(roots)) for c in trace.conversations}
+    lane_of = _lane_of(trace)
+    return {c.id: roots.get(lane_of[c.id], len(roots)) for c in trace.conversations}
 
 
 def _planned(request: TraceRequest, limits: PlanLimits,
@@ -152,10 +147,27 @@ def _planned(request: TraceRequest, limits: PlanLimits,
     return PlannedRequest(**common, prompt_token_ids=tuple(tokens.tolist()))
 
 
-def _group(requests: list[PlannedRequest]) -> tuple[PlannedConversation, ...]:
+def _lane_of(trace: Trace) -> dict[str, str]:
+    """Conversation -> the conversation whose lane sends it: its root on a per-conversation clock (sub-agents
+    inline), itself on a global clock."""
+    if trace.clock == "global":
+        return {c.id: c.id for c in trace.conversations}
+    parents = {c.id: c.parent for c in trace.conversations}
+
+    def root_of(name: str) -> str:
+        seen: set[str] = set()
+        while (parent := parents.get(name)) is not None and parent in parents and name not in seen:
+            seen.add(name)
+            name = parent
+        return name
+
+    return {c.id: root_of(c.id) for c in trace.conversations}
+
+
+def _group(requests: list[PlannedRequest], lane_of: dict[str, str]) -> tuple[PlannedConversation, ...]:
     runs: dict[str, list[PlannedRequest]] = {}
     for request in requests:
-        runs.setdefault(request.conversation, []).append(request)
+        runs.setdefault(lane_of.get(request.conversation, request.conversation), []).append(request)
     return tuple(PlannedConversation(name, tuple(run)) for name, run in runs.items())
 
 

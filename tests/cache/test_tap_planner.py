@@ -25,12 +25,16 @@ RANK = {
     TapSource.STRUCTURAL: 3,
     TapSource.AUTOMATIC: 3,
     TapSource.PROMPT_TAIL: 4,
-    TapSource.LADDER: 5,
+    TapSource.HEDGE: 5,
+    TapSource.LADDER: 6,
 }
 
 
-def options(max_new_taps: int = 8, ladder_tokens: int = 4096, min_gap_tokens: int = 2048) -> TapOptions:
-    return TapOptions(max_new_taps=max_new_taps, ladder_tokens=ladder_tokens, min_gap_tokens=min_gap_tokens)
+def options(max_new_taps: int = 8, ladder_tokens: int = 4096, min_gap_tokens: int = 2048,
+            hedges: bool = False) -> TapOptions:
+    """Hedges off unless asked for: most tests here are about the other sources (hedges have their own)."""
+    return TapOptions(max_new_taps=max_new_taps, ladder_tokens=ladder_tokens, min_gap_tokens=min_gap_tokens,
+                      hedges=hedges)
 
 
 def hint(position: int, kind: HintKind) -> TapHint:
@@ -165,9 +169,10 @@ def test_nothing_is_planned_at_or_past_the_tail_or_with_no_budget():
 
 
 def test_derived_options_follow_the_configuration_rules():
-    assert derive_tap_options(2048, host_tier=True) == options(8, 4096, 2048)
-    assert derive_tap_options(512, host_tier=False) == options(2, 4096, 1024)
-    assert derive_tap_options(4096, True, max_new_taps=3, min_gap_tokens=0) == options(3, 8192, 0)
+    assert derive_tap_options(2048, host_tier=True) == options(8, 4096, 2048, hedges=True)
+    assert derive_tap_options(512, host_tier=False) == options(2, 4096, 1024, hedges=True)
+    plain = derive_tap_options(4096, True, max_new_taps=3, min_gap_tokens=0, hedges=False)
+    assert plain == options(3, 8192, 0)
     with pytest.raises(ValueError):
         derive_tap_options(0, True)
 
@@ -328,3 +333,32 @@ def test_plain_position_kind_pairs_from_the_frontend_plan_like_hints():
     assert plan_taps(9010, 0, pairs, [], options()) == plan_taps(9010, 0, typed, [], options())
     with pytest.raises(ValueError):
         plan_taps(9010, 0, [(300, 42)], [], options())
+
+
+# --- hedges (issue 19) ---------------------------------------------------------------------------------
+
+def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_pass():
+    n = 11_341  # trace_0291 request 21: it shares 11,136 tokens with an earlier prompt
+    taps = plan_taps(n, 0, [], [], options(hedges=True))
+    hedges = [t.position for t in taps if t.source == TapSource.HEDGE]
+    assert hedges == [9280, 10304, 10816, 11072]  # n-2048, n-1024, n-512, n-256, each floored to 64
+    assert all(t.placement == Placement.INNER and not t.boundary for t in taps if t.source == TapSource.HEDGE)
+    assert tap_at(taps, 11_328).source == TapSource.PROMPT_TAIL
+    # the ladder keeps its taps (n - 4096 and n - 8192 are at least the min gap from every hedge)
+    assert [t.position for t in taps if t.source == TapSource.LADDER] == [3136, 7232]
+    # a request sharing 11,136 tokens with it now resumes at 11,072 instead of the ladder's 7,232
+    assert max(p for p in positions(taps) if p <= 11_136) == 11_072
+
+
+def test_hedges_lie_past_the_base_and_never_within_64_tokens_after_the_base_or_a_snapshot():
+    hedged = options(hedges=True)
+    assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 960]  # n-256 -> 704; n-512 < base
+    assert positions(plan_taps(1_000, 650, [], [], hedged)) == [960]  # 704 is within 64 of the base
+    assert positions(plan_taps(1_000, 0, [], [700], hedged)) == [448, 960]  # 704 beside a snapshot at 700
+    assert positions(plan_taps(200, 0, [], [], hedged)) == [192]  # too short for any hedge
+
+
+def test_without_a_host_tier_the_two_taps_go_to_structure_and_the_tail_not_to_hedges():
+    hints = [hint(700, HintKind.STRUCTURAL)]
+    taps = plan_taps(30_100, 0, hints, [], derive_tap_options(2048, host_tier=False))
+    assert sources(taps) == [TapSource.STRUCTURAL, TapSource.PROMPT_TAIL]

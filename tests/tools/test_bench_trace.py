@@ -283,9 +283,12 @@ def test_the_client_records_ttft_and_the_cached_tokens_of_a_second_turn(micro_se
 def test_a_block_id_trace_replays_through_completions_with_token_prompts(micro_server, micro_checkpoint):
     status, lines, err = run_cli(str(WEKA), "--server", micro_server.url, "--checkpoint",
                                  str(micro_checkpoint), "--time-scale", "0", "--max-prompt-tokens", "256",
-                                 "--max-output-tokens", "4")
+                                 "--max-output-tokens", "4", "--concurrency", "1")
     assert status == 0, err
     assert lines["endpoint"] == "completion" and lines["requests"] == "6"
+    assert lines["cache.evaluated_tokens"] == lines["cache.computed_tokens"]
+    assert 0 < int(lines["cache.bound_tokens"]) <= int(lines["cache.evaluated_tokens"])
+    assert float(lines["cache.evaluated_vs_bound"]) >= 1.0
     assert lines["cache.requests_ok"] == "6" and lines["cache.errors"] == "0"
     assert int(lines["cache.cached_tokens"]) > 0  # later turns extend earlier ones
     assert int(lines["cache.output_tokens"]) == 6 * 4

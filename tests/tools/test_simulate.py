@@ -14,6 +14,7 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.tools import simulate as simulate_cli
 from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.material import build_material, chain_hashes
+from hybridcache.tools.sim.oracle import NEVER, FutureUses
 from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation
 from hybridcache.tools.sim.shapes import SHAPES, get_shape
@@ -293,3 +294,30 @@ def test_cli_reports_a_bad_trace(tmp_path, capsys):
     bad.write_text("{}")
     assert simulate_cli.main([str(bad)]) == 2
     assert "simulate:" in capsys.readouterr().err
+
+
+# --- the oracle reference (issue 19) ---------------------------------------------------------------------
+
+def test_future_uses_name_the_next_request_not_yet_admitted():
+    future = FutureUses([("a", [1, 2]), ("b", [1, 3]), ("c", [2]), ("d", [1])])
+    assert [future.next_use(h) for h in (1, 2, 3, 4)] == [0, 0, 1, NEVER]
+    future.admitted("a")
+    assert [future.next_use(h) for h in (1, 2, 3)] == [1, 2, 1]
+    future.admitted("d")  # out of order: "b" still comes first for block 1
+    future.admitted("c")
+    assert [future.next_use(h) for h in (1, 2)] == [1, NEVER]
+    assert future.position == 3
+
+
+def test_cli_sweep_users_prints_ours_oracle_and_align_per_concurrency(tmp_path, capsys):
+    paths = [str(p) for p in story_traces(tmp_path)]
+    code = simulate_cli.main([*paths, "--model-shape", "tiny", "--host-cache-mib", "1",
+                              "--device-pages", "40", "--sweep-users", "1,2"])
+    assert code == 0
+    header, *rows = capsys.readouterr().out.strip().splitlines()
+    assert header.split()[:5] == ["users", "bound_tokens", "ours", "oracle", "align"]
+    assert [row.split()[0] for row in rows] == ["1", "2"]
+    for row in rows:
+        _, bound, ours, oracle, align, *_, ours_vs_oracle, _ = row.split()
+        assert int(bound) <= min(int(ours), int(oracle), int(align))
+        assert float(ours_vs_oracle) == pytest.approx(int(ours) / int(oracle), abs=1e-4)

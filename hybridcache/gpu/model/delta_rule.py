@@ -11,6 +11,8 @@ are the largest per-lane data a step touches, so they are read once and never co
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from hybridcache.gpu.state_slots import SlotRun, SlotRuns
@@ -42,10 +44,14 @@ def chunked_gated_delta_rule(
     log_decay: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor | None,
+    states_into: Mapping[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence of `n` tokens. Shapes: query/key `[n, Hk, dk]`, value `[n, Hv, dv]`, log_decay/beta
     `[n, Hv]` (any dtype and strides), state `[Hv, dk, dv]` fp32 (None = zeros). Returns (output
-    `[n, Hv, dv]` fp32, a strided view; final state `[Hv, dk, dv]`). Pure.
+    `[n, Hv, dv]` fp32, a strided view; final state `[Hv, dk, dv]`). Pure, except that `states_into`
+    (chunk index c in [1, chunks) -> a `[Hv, dk, dv]` tensor) receives the state after the first `c * CHUNK`
+    tokens: the very state a pass that stopped there returns (the recurrence runs the same products on
+    the same operands), so a snapshot inside a pass needs no split of it.
 
     Per chunk, with `A` the strictly lower `beta_i k_i.k_j` decayed by `exp(cum_i - cum_j)`, the WY form
     needs `T = (I + A)^-1`; it is applied as `T diag(beta)` to the values and to the keys decayed to the
@@ -85,6 +91,10 @@ def chunked_gated_delta_rule(
         starts[:, c] = s
         fresh[:, c] = torch.baddbmm(corrected[:, c], decayed_keys[:, c], s, alpha=-1)
         s = torch.baddbmm(s * chunk_decay[:, c], k_to_end[:, c], fresh[:, c])
+    for c, into in (states_into or {}).items():
+        if not 0 < c < chunks:
+            raise ValueError(f"states_into: chunk {c} is not inside the pass's {chunks} chunks")
+        into.copy_(starts[:, c])
     rows = value_heads * chunks
     out = torch.matmul(q.mul_(cum.exp().unsqueeze(-1)), starts).view(rows, CHUNK, value_dim)
     out.baddbmm_(intra.view(rows, CHUNK, CHUNK), fresh.view(rows, CHUNK, value_dim))

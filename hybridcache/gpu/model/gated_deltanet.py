@@ -4,21 +4,63 @@ The layer's memory lives in a state slot: `conv` holds the last `kernel - 1` pre
 (`[conv_dim, kernel - 1]`) and `recurrent` the fp32 delta-rule state (`[Hv, dk, dv]`). Prefill reads a
 slot's state (or zeros for a fresh sequence) and writes the new state back in place; decode does the same
 for a batch of slots at once.
+
+`capturing_states` also copies, during one prefill pass, the state at chosen 64-token sub-chunk boundaries
+inside the pass into other slots (hedge snapshots, `tap_planner`): the state a pass split there would have
+left, taken without splitting it. The request travels beside the forward (a thread-local set for the pass
+on the thread that runs it), so the model's call signature is unchanged.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from hybridcache.cache.ids import SlotId
 from hybridcache.gpu.model import cpu_gdn_step
-from hybridcache.gpu.model.delta_rule import chunked_gated_delta_rule, recurrent_gated_delta_rule_
+from hybridcache.gpu.model.delta_rule import CHUNK, chunked_gated_delta_rule, recurrent_gated_delta_rule_
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
 from hybridcache.gpu.model.row_tiles import Product, tiled_linear
-from hybridcache.gpu.state_slots import SlotRuns
+from hybridcache.gpu.state_slots import SlotRuns, StateSlots
+
+
+class _Capture(NamedTuple):
+    offset: int  # tokens into the pass, a positive multiple of CHUNK
+    conv: torch.Tensor  # the destination slot's views of this layer
+    recurrent: torch.Tensor
+
+
+_pending = threading.local()  # .by_state: data_ptr of the lane slot's recurrent view -> [_Capture]
+
+
+@contextmanager
+def capturing_states(states: StateSlots, lane_slot: SlotId, targets: Mapping[int, SlotId]) -> Iterator[None]:
+    """Within the block, a prefill pass of the lane in `lane_slot` (run on this thread) also writes the
+    state after its first `offset` tokens into slot `targets[offset]`, for every Gated DeltaNet layer.
+    Offsets must be positive multiples of CHUNK shorter than the pass. Raises ValueError otherwise."""
+    if any(offset <= 0 or offset % CHUNK for offset in targets):
+        raise ValueError(f"capture offsets must be positive multiples of {CHUNK}, got {sorted(targets)}")
+    by_state = {
+        recurrent[lane_slot].data_ptr(): [_Capture(offset, conv[slot], recurrent[slot])
+                                          for offset, slot in sorted(targets.items())]
+        for conv, recurrent in zip(states.conv_planes, states.recurrent_planes)
+    }
+    _pending.by_state = by_state if targets else None
+    try:
+        yield
+    finally:
+        _pending.by_state = None
+
+
+def _captures_for(recurrent_state: torch.Tensor) -> list[_Capture]:
+    by_state = getattr(_pending, "by_state", None)
+    return by_state.get(recurrent_state.data_ptr(), []) if by_state else []
 
 
 class GatedDeltaNet(NamedTuple):
@@ -73,12 +115,18 @@ class GatedDeltaNet(NamedTuple):
         place; `fresh` means the sequence starts here and the slot's previous contents are ignored.
         Split-invariant at 64-aligned starts: the rows match a pass that started earlier (`row_tiles`).
         """
+        captures = _captures_for(recurrent_state)
         mixed, z, beta, log_decay = self._project(x, tiled_linear)
         history = torch.zeros_like(conv_state) if fresh else conv_state
+        for capture in captures:  # before the slot's history is overwritten below
+            capture.conv.copy_(_conv_history(mixed, history, capture.offset))
         conv_out, tail = causal_conv(mixed, history.transpose(0, 1), self.conv_weight)
         conv_state.copy_(tail.transpose(0, 1))
         q, k, v = self._split(conv_out.float())  # the delta rule is fp32; one conversion for all three
-        core, final = chunked_gated_delta_rule(q, k, v, log_decay, beta, None if fresh else recurrent_state)
+        into = {capture.offset // CHUNK: capture.recurrent for capture in captures}
+        core, final = chunked_gated_delta_rule(
+            q, k, v, log_decay, beta, None if fresh else recurrent_state, into or None
+        )
         recurrent_state.copy_(final)
         return self._output(core, z, x.dtype, tiled_linear)
 
@@ -109,6 +157,15 @@ class GatedDeltaNet(NamedTuple):
         window = torch.cat((history, mixed.unsqueeze(-1).to(conv_plane.dtype)), dim=-1)  # [B, C, K]
         conv_plane.index_copy_(0, slots, window[:, :, 1:])
         return F.silu((window * self.conv_weight).sum(dim=-1))  # one output column: a dot per channel
+
+
+def _conv_history(mixed: torch.Tensor, history: torch.Tensor, offset: int) -> torch.Tensor:
+    """The conv state after the first `offset` inputs of a pass (`[conv_dim, kernel - 1]`): the last
+    `kernel - 1` inputs before it, from the pass (`mixed [n, C]`) and the slot's `history` before it."""
+    width = history.shape[1]
+    if offset >= width:
+        return mixed[offset - width : offset].transpose(0, 1)
+    return torch.cat((history[:, offset:], mixed[:offset].transpose(0, 1).to(history.dtype)), dim=1)
 
 
 def causal_conv(

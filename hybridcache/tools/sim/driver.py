@@ -2,7 +2,8 @@
 
 ``admit``: quote -> stage -> plan taps -> activate (-> restore_done at once: copies complete instantly),
 then prefill in chunks exactly as the worker cuts them (exact taps split a chunk, flexible taps land on
-chunk boundaries), taking taps, committing blocks and publishing ready taps after each pass; then the
+chunk boundaries, inner taps are captured inside a pass 64-aligned with them and split any other), taking
+taps, committing blocks and publishing ready taps after each pass; then the
 decode: growth pages and the commit of every generated block. ``finish``: the terminal settlement
 (``Cache.finish``: endpoint, host writes), or for the ``align`` policy one aligned tap and a release.
 Every host write lands at once (``host_write_done``; a write-back on eviction lands inside the cache).
@@ -20,6 +21,7 @@ from hybridcache.cache.facade_results import FinishResult, HostWritePlan, Publis
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
+from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import (
     Placement,
     PlannedTap,
@@ -72,6 +74,7 @@ class RequestDriver:
         self.counters = counters
         self.free_lanes = list(range(cache.index.geometry.max_concurrency - 1, -1, -1))
         self.active: dict[int, _Active] = {}
+        self._hedges: set[int] = set()  # the hedge positions of the request being prefilled
 
     # ------------------------------------------------------------------ admission and prefill
     def admit(self, material: RequestMaterial, hints: list[TapHint]) -> Admitted:
@@ -173,15 +176,21 @@ class RequestDriver:
         chunk = self.shape.cost.prefill_chunk_tokens
         exact = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         flexible = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
+        inner = sorted(t.position for t in taps if t.placement == Placement.INNER)
+        self._hedges = set(inner)
         boundary = {t.position: t.boundary for t in taps}
         computed = base
         while computed < n:
             start = computed
             end = min(start + chunk, n)
-            end = next((p for p in exact if start < p < end), end)
+            cuts = [p for p in exact if start < p < end]
+            cuts += [p for p in inner if start < p < end and (p - start) % BLOCK_TOKENS]
+            end = min(cuts, default=end)
             table_pages = self._grow(lane, end, table_pages)
-            due = _taps_due(exact, flexible, start, end, base, n)
+            due = _taps_due(sorted(exact + inner), flexible, start, end, base, n)
             for position in (p for p in due if p == start):
+                self._take_tap(lane, position, boundary.get(position, False))
+            for position in (p for p in inner if start < p < end):  # captured inside the pass
                 self._take_tap(lane, position, boundary.get(position, False))
             computed = end
             for position in (p for p in due if p > start):
@@ -192,6 +201,9 @@ class RequestDriver:
         return table_pages
 
     def _take_tap(self, lane: int, position: int, boundary: bool) -> None:
+        if position in self._hedges and not room_for_hedge(self.cache.index):
+            self.counters.taps_skipped += 1  # as the worker: a hedge never takes the tail's slot
+            return
         result = self.cache.take_tap(lane, position, boundary)
         if result.slot is None:
             self.counters.taps_skipped += 1

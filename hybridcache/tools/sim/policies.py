@@ -10,6 +10,8 @@
   the bound on the WEKA set). ``LruCache`` overrides the facade's four policy hooks (``_apply_valued`` to
   drop supersession events, ``_make_slot_room``, ``_free_host_slabs``, ``_plan_write_back``) and emits
   only existing events, so the index checks every step as usual.
+- ``oracle``: an offline reference that knows the future (Belady's rule for host room and snapshot
+  slots, ``sim/oracle.py``); ``runner.simulate`` gives it the admission order of a run of ``ours``.
 - ``align``: our eviction, but a state kept only at the last block boundary each request reaches (one
   aligned tap at finish, no prompt taps, no endpoint, no tails), as engines without sparse snapshots do.
 
@@ -31,12 +33,14 @@ from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
 from hybridcache.cache.records import BlockNode, Residency, Snapshot
 from hybridcache.cache.write_back import HostWrite, WriteBackPlan, plan_write_back
+from hybridcache.tools.sim.oracle import OracleCache
 
 
 class Policy(StrEnum):
     OURS = "ours"
     LRU = "lru"
     ALIGN = "align"
+    ORACLE = "oracle"
 
 
 def make_cache(
@@ -48,7 +52,7 @@ def make_cache(
 ) -> Cache:
     """A fresh cache for ``policy`` (``journal``: anything with ``append(event)``); every policy uses the
     same host write mode (``cache/write_back.py``). Pure constructor."""
-    cls = LruCache if policy is Policy.LRU else Cache
+    cls = {Policy.LRU: LruCache, Policy.ORACLE: OracleCache}.get(policy, Cache)
     return cls(geometry, cost, journal, host_write)
 
 

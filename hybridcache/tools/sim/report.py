@@ -38,6 +38,7 @@ def result_lines(trace_name: str, trace_format: str, config: SimConfig, result: 
         "policy": config.policy.value,
         "assume_echo": config.assume_echo,
         "host_write": config.host_write.value,
+        "hedges": config.hedges,
         "users": config.users,
         "max_concurrency": config.max_concurrency,
         "host_cache_mib": config.host_cache_mib,
@@ -92,12 +93,42 @@ def sweep_table(points: Sequence[SweepPoint]) -> list[str]:
     return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
 
 
+class UsersPoint(NamedTuple):
+    """One concurrency of ``--sweep-users``: ours, the oracle and align under the same settings."""
+
+    users: int
+    ours: SimResult
+    oracle: SimResult
+    align: SimResult
+
+
+USERS_COLUMNS = ("users", "bound_tokens", "ours", "oracle", "align", "ours_vs_bound", "oracle_vs_bound",
+                 "align_vs_bound", "ours_vs_oracle", "align_excess_closed")
+
+
+def users_table(points: Sequence[UsersPoint]) -> list[str]:
+    """A fixed-width table, one row per concurrency: computed prefill tokens of each policy, each over the
+    bound, ours over the oracle, and the share of align's excess over the bound that ours closes,
+    (align − ours) / (align − bound). Header first. Pure."""
+    rows = [list(USERS_COLUMNS)]
+    for point in points:
+        bound = point.ours.bound_tokens
+        ours, oracle, align = (r.counters.computed_tokens for r in (point.ours, point.oracle, point.align))
+        closed = (align - ours) / (align - bound) if align != bound else float("nan")
+        rows.append([str(point.users), str(bound), str(ours), str(oracle), str(align),
+                     f"{ours / max(bound, 1):.4f}", f"{oracle / max(bound, 1):.4f}",
+                     f"{align / max(bound, 1):.4f}", f"{ours / max(oracle, 1):.4f}", f"{closed:.3f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(USERS_COLUMNS))]
+    return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+
+
 # Each policy keeps one look in every plot: a marker, a line style and a colour, hollow markers of
 # different sizes so that a line lying on another still shows.
 POLICY_STYLES = {
     "ours": {"marker": "o", "linestyle": "-", "color": "#1f77b4", "markersize": 10},
     "lru": {"marker": "s", "linestyle": "--", "color": "#d62728", "markersize": 7},
     "align": {"marker": "^", "linestyle": ":", "color": "#2ca02c", "markersize": 5},
+    "oracle": {"marker": "D", "linestyle": "-.", "color": "#7f7f7f", "markersize": 4},
 }
 _FALLBACK_STYLE = {"marker": "D", "linestyle": "-.", "markersize": 6}
 LOG_AXIS_SPAN = 10.0  # ratios spanning a decade or more get a log axis

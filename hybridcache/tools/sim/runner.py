@@ -25,6 +25,7 @@ from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
 from hybridcache.tools.sim.material import RequestMaterial, build_material, generated_count
+from hybridcache.tools.sim.oracle import FutureUses, OracleCache
 from hybridcache.tools.sim.policies import Policy, make_cache
 from hybridcache.tools.sim.shapes import ModelShape
 from hybridcache.tools.traces import Conversation, Trace
@@ -42,6 +43,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     users: int = 8
     assume_echo: bool = True
     host_write: HostWrite = HostWrite.BACK
+    hedges: bool = True  # HEDGE taps near each prompt end (tap_planner)
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -97,7 +99,9 @@ class Simulation:
             EvictionTally(self.counters),
             config.host_write,
         )
-        options = derive_tap_options(config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier)
+        options = derive_tap_options(
+            config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
+        )
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
         self.conversations: list[Conversation] = list(trace.conversations)
@@ -110,6 +114,7 @@ class Simulation:
         self._next_user = 0
         self._running: dict[int, _Item] = {}
         self.now = 0.0
+        self.admitted: list[tuple[_Item, list[int]]] = []  # (request, its prompt's full-block hashes)
 
     # ------------------------------------------------------------------ setup
     def _group_users(self) -> list[_User]:
@@ -194,9 +199,16 @@ class Simulation:
                 self._advance(item)
                 continue
             self.bound.observe(material)
+            self._record_admission(item, material)
             assert outcome.lane is not None
             self._running[outcome.lane] = item
             self._push(self.now + outcome.seconds, _FINISH, outcome.lane)
+
+    def _record_admission(self, item: _Item, material: RequestMaterial) -> None:
+        self.admitted.append((item, list(material.block_hashes[: material.prompt_tokens // BLOCK_TOKENS])))
+        cache = self.driver.cache
+        if isinstance(cache, OracleCache):
+            cache.future.admitted(item)
 
     def _finish(self, lane: int) -> None:
         self.driver.finish(lane)
@@ -251,5 +263,20 @@ def _ordinal_bases(conversations: list[Conversation]) -> list[int]:
 
 
 def simulate(trace: Trace, config: SimConfig) -> SimResult:
-    """Run one simulation of ``trace`` under ``config``. Pure with respect to its inputs."""
+    """Run one simulation of ``trace`` under ``config`` (``oracle``: after a run of ``ours`` that gives it
+    the future, see ``sim/oracle.py``). Pure with respect to its inputs."""
+    if config.policy is Policy.ORACLE:
+        return simulate_with_oracle(trace, config)[1]
     return Simulation(trace, config).run()
+
+
+def simulate_with_oracle(trace: Trace, config: SimConfig) -> tuple[SimResult, SimResult]:
+    """(``ours``, ``oracle``) under the same settings: the oracle knows the admission order of the ``ours``
+    run. Pure with respect to its inputs."""
+    ours = Simulation(trace, msgspec.structs.replace(config, policy=Policy.OURS))
+    ours_result = ours.run()
+    oracle = Simulation(trace, msgspec.structs.replace(config, policy=Policy.ORACLE))
+    cache = oracle.driver.cache
+    assert isinstance(cache, OracleCache)
+    cache.future = FutureUses(ours.admitted)
+    return ours_result, oracle.run()
