@@ -6,10 +6,12 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
     2 OPENER       start of the final assistant generation opener   exact, 64-aligned
     3 STRUCTURAL   end of tools / leading system block              exact, 64-aligned, Boundary
       AUTOMATIC    protocol-automatic markers, planned as STRUCTURAL but published as ordinary taps
-    4 PROMPT_TAIL  n − 1 snapped down to a block boundary, EXACT (a snapshot inside a block would make
-                   the resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold
-                   run computes one, so the resumed logits would differ in the last bits; resuming at the
-                   boundary recomputes at most 64 tokens and is bit-exact)
+    4 PROMPT_TAIL  n − 1 snapped down to a block boundary (a snapshot inside a block would make the
+                   resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold run
+                   computes one, so the resumed logits would differ in the last bits; resuming at the
+                   boundary recomputes at most 64 tokens and is bit-exact); INNER, as HEDGE below: a cold
+                   prompt's last pass no longer splits at its tail (the split cost a pass of up to 64
+                   tokens padded to a whole 128-row tile per product)
     5 HEDGE        n − 256, n − 512, n − 1024, n − 2048 snapped down to a block boundary: states a little
                    before the prompt end, so that an edit or a regeneration of the last message of a prompt
                    without known structure (token ids, unknown templates) resumes close to where it
@@ -400,6 +402,6 @@ class _Acceptance:
 
 
 def _placement_of(source: TapSource) -> Placement:
-    if source == TapSource.HEDGE:
+    if source in (TapSource.HEDGE, TapSource.PROMPT_TAIL):
         return Placement.INNER
     return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.EXACT

@@ -6,7 +6,7 @@ import bisect
 
 from hybridcache.cache.facade_results import PageCopy
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
-from hybridcache.cache.tap_planner import Placement, PlannedTap
+from hybridcache.cache.tap_planner import Placement, PlannedTap, TapSource
 from hybridcache.core.api import RequestAccounting
 from hybridcache.core.requests import Request
 from hybridcache.gpu.sampler import LaneSamplingState
@@ -42,6 +42,7 @@ class LaneState:
         self.exact_taps = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         self.flexible_taps = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
         self.inner_taps = sorted(t.position for t in taps if t.placement == Placement.INNER)
+        self.hedge_taps = frozenset(t.position for t in taps if t.source == TapSource.HEDGE)
         self.boundary = {t.position: t.boundary for t in taps}
         self.restore: RestoreTicket | None = None
         self.tail_copy: PageCopy | None = None

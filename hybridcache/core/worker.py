@@ -364,7 +364,7 @@ class Worker:
         due = lane.taps_due(start, end)
         for frontier in (p for p in due if p == start):
             self._take_tap(lane, frontier)
-        captures = {}  # offset into the pass -> the slot its state is copied into (hedges, no split)
+        captures = {}  # offset into the pass -> the slot its state is copied into (no split)
         for frontier in lane.inner_due(start, end):
             slot = self._reserve_tap(lane, frontier)
             if slot is not None:
@@ -486,7 +486,7 @@ class Worker:
         if frontier < BLOCK_TOKENS and lane.request.prompt.extra_key:
             lane.taps_skipped += 1  # a root-anchored snapshot cannot carry the salt (see cache/match.py)
             return None
-        if frontier in lane.inner_taps and not room_for_hedge(self.cache.index):
+        if frontier in lane.hedge_taps and not room_for_hedge(self.cache.index):
             lane.taps_skipped += 1  # a hedge never takes the slot the lane's tail will need
             return None
         result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
@@ -510,7 +510,7 @@ class Worker:
         """Remember which snapshots are hedges (their host bytes are reported apart); forgets the deleted
         ones once the set has grown past twice the cache's snapshots."""
         hedges = self.hedge_snapshots
-        hedges.update(tap.snapshot for tap in published.published if tap.position in lane.inner_taps)
+        hedges.update(tap.snapshot for tap in published.published if tap.position in lane.hedge_taps)
         live = self.cache.index.snapshots
         if len(hedges) > 2 * len(live) + 64:
             hedges.intersection_update(live)

@@ -74,9 +74,9 @@ def test_chat_turn_the_opener_absorbs_the_prompt_tail_within_64_tokens():
     assert TapSource.PROMPT_TAIL not in sources(taps)
 
 
-def test_the_prompt_tail_is_exact_at_n_minus_1_snapped_to_a_block_boundary():
+def test_the_prompt_tail_is_at_n_minus_1_snapped_to_a_block_boundary_and_taken_inside_its_pass():
     taps = plan_taps(3000, 0, [hint(2000, HintKind.OPENER)], [], options())
-    assert tap_at(taps, 2944) == PlannedTap(2944, Placement.EXACT, TapSource.PROMPT_TAIL, False)
+    assert tap_at(taps, 2944) == PlannedTap(2944, Placement.INNER, TapSource.PROMPT_TAIL, False)
     assert positions(taps) == [1984, 2944]
 
 
@@ -107,7 +107,7 @@ def test_an_endpoint_resume_skips_the_opener_but_keeps_the_tail():
     # the previous turn ended at 6100 (endpoint snapshot); this prompt echoes it and adds a tool result
     hints = [hint(300, HintKind.STRUCTURAL), hint(6800, HintKind.OPENER)]
     resumed = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=True)
-    assert resumed == [PlannedTap(6784, Placement.EXACT, TapSource.PROMPT_TAIL, False)]
+    assert resumed == [PlannedTap(6784, Placement.INNER, TapSource.PROMPT_TAIL, False)]
     from_a_tap = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=False)
     assert sources(from_a_tap) == [TapSource.OPENER]
 
@@ -242,8 +242,8 @@ def test_every_tap_is_in_bounds_aligned_and_outside_media(inputs):
         assert base < tap.position <= n - 1
         assert all(not start < tap.position < end for start, end in spans)
         assert tap.position not in existing
-        if tap.source == TapSource.PROMPT_TAIL:
-            assert tap.placement == Placement.EXACT
+        if tap.source in (TapSource.PROMPT_TAIL, TapSource.HEDGE):
+            assert tap.placement == Placement.INNER
         assert tap.position % BLOCK_TOKENS == 0
         assert (tap.placement == Placement.FLEXIBLE) == (tap.source == TapSource.LADDER)
 

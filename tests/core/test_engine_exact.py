@@ -114,7 +114,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
 async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str
 ):
-    first = filler_tokens(1400, seed=35)  # one pass to the tail tap at 1344 (chunk 2048)
+    first = filler_tokens(1400, seed=35)  # one pass [0, 1400) (chunk 2048), the tail tap at 1344 inside it
     edited = first[:1200] + filler_tokens(150, seed=36)  # diverges 200 tokens before the first one's end
     engine = await start_engine(
         micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=6
@@ -126,8 +126,9 @@ async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_e
         hedge_bytes = engine.stats()["host_tier_hedge_snapshot_bytes"]
     finally:
         await engine.stop()
-    # hedges at n-256, n-512, n-1024 floored to 64 (1088, 832, 320), copied inside the pass [0, 1344)
-    assert captured == 3
+    # hedges at n-256, n-512, n-1024 floored to 64 (1088, 832, 320) and the tail at 1344, all copied
+    # inside the one pass
+    assert captured == 4
     assert resumed.accounting.reuse_tokens == 1088  # without the hedge: the root (no ladder this short)
     assert hedge_bytes > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, edited, dtype))

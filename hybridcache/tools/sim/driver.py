@@ -27,6 +27,7 @@ from hybridcache.cache.tap_planner import (
     PlannedTap,
     TapHint,
     TapOptions,
+    TapSource,
     plan_taps,
     with_fork_hint,
 )
@@ -177,7 +178,7 @@ class RequestDriver:
         exact = sorted(t.position for t in taps if t.placement == Placement.EXACT)
         flexible = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
         inner = sorted(t.position for t in taps if t.placement == Placement.INNER)
-        self._hedges = set(inner)
+        self._hedges = {t.position for t in taps if t.source == TapSource.HEDGE}
         boundary = {t.position: t.boundary for t in taps}
         computed = base
         while computed < n:
