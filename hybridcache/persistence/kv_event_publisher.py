@@ -8,9 +8,11 @@ the router wire format (`kv_event_wire.py`) on an XPUB socket.
 
 Convergence: the first message (seq 0) is ``AllBlocksCleared`` and the current cover; so is the answer
 to every new subscription (XPUB sees it), so a router that starts late or reconnects starts from the
-whole state. With ``replay_endpoint`` a ROUTER socket answers vllm-router's gap replay
-(``[empty, start_seq]``) with the same full state under the latest sequence number, then the end
-marker. A router that restarts the count (a replica restart) sees a lower seq and clears by itself.
+whole state. With ``replay_endpoint`` a ROUTER socket answers vllm-router's replay requests
+(``[empty, start_seq]``, sent at its start and on a gap) with the published messages from ``start_seq``
+on, kept in a bounded history (`replay_history`), then the end marker; a start older than the history
+gets the full state under the latest sequence number instead (everything published so far is in it).
+A router that sees the count restart (a replica restart) clears that replica by itself.
 
 The inbox is bounded (`max_pending_events`): a worker that outruns the fold for that long loses the
 shadow's continuity, so the publisher clears the router's view once and stops publishing; every event
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from hybridcache.cache import events as ev
@@ -44,6 +47,7 @@ from hybridcache.persistence.kv_event_wire import (
 log = get_logger(__name__)
 
 DEFAULT_MAX_PENDING_EVENTS = 1 << 20
+DEFAULT_REPLAY_HISTORY = 4096  # published batches kept for replays
 POLL_INTERVAL_S = 0.01
 KV_EVENTS_OFF_STATS: dict[str, object] = {
     "kv_events_batches_published": 0,
@@ -84,6 +88,7 @@ class KvEventPublisher:
         replay_endpoint: str | None = None,
         topic: bytes = b"",
         max_pending_events: int = DEFAULT_MAX_PENDING_EVENTS,
+        replay_history: int = DEFAULT_REPLAY_HISTORY,
     ) -> None:
         zmq = _import_zmq()
         self.endpoint = endpoint
@@ -99,6 +104,7 @@ class KvEventPublisher:
         self._shadow = PrefixIndex(geometry)
         self._cover = ResumableCover()
         self._seq = -1
+        self._history: deque[tuple[int, bytes]] = deque(maxlen=replay_history)
         self._pending: list[ev.CacheEvent] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -225,24 +231,32 @@ class KvEventPublisher:
         self._seq += 1
         payload = encode_batch(EventBatch(time.time(), events))
         self._pub.send_multipart([self.topic, seq_frame(self._seq), payload], copy=False)
+        if self._replay is not None:
+            self._history.append((self._seq, payload))
         self.batches_published += 1
 
     def _answer_replays(self, lost: bool) -> None:
-        """Answer each gap replay request with the full state under the latest sequence number (it
-        includes every message published so far), then the end marker."""
+        """Answer each replay request: the history from its start sequence number, or the full state
+        under the latest one when the history no longer reaches back that far; then the end marker."""
         zmq = self._zmq
         while True:
             try:
                 frames = self._replay.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity = frames[0]
-            if not lost:
+            identity, start = frames[0], int.from_bytes(frames[-1][:8], "big", signed=True)
+            reply = self._replay.send_multipart
+            if lost:
+                pass
+            elif self._history and self._history[0][0] <= start:
+                for seq, payload in self._history:
+                    if seq >= start:
+                        reply([identity, b"", self.topic, seq_frame(seq), payload])
+            elif start <= self._seq:
                 state = [AllBlocksCleared(), *wire_events(self._cover.covered())]
                 payload = encode_batch(EventBatch(time.time(), state))
-                latest = seq_frame(max(self._seq, 0))
-                self._replay.send_multipart([identity, b"", self.topic, latest, payload])
-            self._replay.send_multipart([identity, b"", self.topic, seq_frame(REPLAY_END_SEQ), b""])
+                reply([identity, b"", self.topic, seq_frame(self._seq), payload])
+            reply([identity, b"", self.topic, seq_frame(REPLAY_END_SEQ), b""])
 
     def _bind(self, kind: int, endpoint: str, flag: str) -> Any:
         socket = self._context.socket(kind)

@@ -19,6 +19,7 @@ from hybridcache.persistence.kv_event_wire import (
     BlockRemoved,
     BlockStored,
     decode_batch,
+    seq_frame,
     wire_events,
 )
 
@@ -132,7 +133,25 @@ def test_a_late_subscriber_gets_the_whole_state(context):
         publisher.close()
 
 
-def test_a_gap_replay_answers_the_state_under_the_latest_seq_then_the_end_marker(context):
+def replay(context, endpoint: str, start: int) -> list[tuple[int, bytes]]:
+    """Ask for a replay from ``start`` the way vllm-router does; the (seq, payload) answers before the end
+    marker."""
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    answers = []
+    while True:
+        assert dealer.poll(2000), "no end marker"
+        empty, topic, seq, payload = dealer.recv_multipart()
+        assert (empty, topic) == (b"", b"")
+        seq_number = int.from_bytes(seq, "big", signed=True)
+        if seq_number == REPLAY_END_SEQ:
+            dealer.close()
+            return answers
+        answers.append((seq_number, payload))
+
+
+def test_a_replay_answers_the_history_from_its_start_then_the_end_marker(context):
     geo = geometry()
     endpoint, replay_endpoint = free_endpoint(), free_endpoint()
     publisher = KvEventPublisher(endpoint, geo, replay_endpoint=replay_endpoint)
@@ -141,23 +160,41 @@ def test_a_gap_replay_answers_the_state_under_the_latest_seq_then_the_end_marker
     publisher.start()
     try:
         run_request(cache, tokens(300))
+        run_request(cache, tokens(400, seed=1), lane=1)
         subscriber.drain()
-        dealer = context.socket(zmq.DEALER)
-        dealer.connect(replay_endpoint)
-        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
-        assert dealer.poll(2000)
-        empty, topic, seq, payload = dealer.recv_multipart()
-        assert (empty, topic) == (b"", b"")
-        assert int.from_bytes(seq, "big", signed=True) == subscriber.seqs[-1]
+        answers = replay(context, replay_endpoint, 0)
+        assert [seq for seq, _ in answers] == list(range(subscriber.seqs[-1] + 1))
+        rebuilt = Subscriber(context, free_endpoint())
+        for seq, payload in answers:
+            rebuilt.fold([b"", seq_frame(seq), payload])
+        assert rebuilt.blocks == expected_cover(cache) and rebuilt.blocks[Tier.DEVICE]
+        later = replay(context, replay_endpoint, subscriber.seqs[-1])
+        assert [seq for seq, _ in later] == [subscriber.seqs[-1]]
+        assert replay(context, replay_endpoint, subscriber.seqs[-1] + 1) == []
+    finally:
+        publisher.close()
+
+
+def test_a_replay_from_before_the_history_gets_the_full_state_under_the_latest_seq(context):
+    geo = geometry()
+    endpoint, replay_endpoint = free_endpoint(), free_endpoint()
+    publisher = KvEventPublisher(endpoint, geo, replay_endpoint=replay_endpoint, replay_history=1)
+    cache = checked_cache(geo, journal=publisher)
+    subscriber = Subscriber(context, endpoint)
+    publisher.start()
+    try:
+        run_request(cache, tokens(300))
+        subscriber.drain()
+        run_request(cache, tokens(400, seed=1), lane=1)
+        subscriber.drain()
+        assert subscriber.seqs[-1] >= 1  # seq 0 has left the one-batch history
+        [(seq, payload)] = replay(context, replay_endpoint, 0)
+        assert seq == subscriber.seqs[-1]
         events = decode_batch(payload).events
         assert isinstance(events[0], AllBlocksCleared)
-        replayed = {block for event in events[1:] for block in event.block_hashes
-                    if event.medium == MEDIUM[Tier.DEVICE]}
-        assert replayed == expected_cover(cache)[Tier.DEVICE]
-        assert dealer.poll(2000)
-        end = dealer.recv_multipart()
-        assert int.from_bytes(end[-2], "big", signed=True) == REPLAY_END_SEQ
-        dealer.close()
+        rebuilt = Subscriber(context, free_endpoint())
+        rebuilt.fold([b"", seq_frame(seq), payload])
+        assert rebuilt.blocks == expected_cover(cache)
     finally:
         publisher.close()
 
