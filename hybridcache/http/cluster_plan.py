@@ -2,7 +2,8 @@
 
 Pure: the plan is argument lists and URLs, nothing runs here. Ports follow the router's: with the router
 on PORT, replica i (0-based) serves HTTP on PORT+1+i, publishes KV events on PORT+1+N+i and answers
-replays on PORT+1+2N+i. A file flag (`--prefix-cache-file`, `--event-log`) gets the replica's index
+replays on PORT+1+2N+i; the router's own Prometheus exporter listens on PORT+1+3N (both routers open
+one, on the same default port). A file flag (`--prefix-cache-file`, `--event-log`) gets the replica's index
 before its extension (``cache.hcf`` -> ``cache.r0.hcf``), so two replicas never write the same file.
 """
 
@@ -51,7 +52,7 @@ def plan_cluster(replicas: int, router: str, policy: str | None, host: str, port
         raise OptionError("--replicas", f"must be >= 1, got {replicas}")
     if router not in ROUTERS:
         raise OptionError("--router", f"must be one of {', '.join(ROUTERS)}, got {router!r}")
-    if port + 3 * replicas > 65535:
+    if port + 1 + 3 * replicas > 65535:
         raise OptionError("--port", f"{port} leaves no room for {replicas} replicas' derived ports")
     for flag in serve_flags:
         if flag.split("=", 1)[0] in DERIVED_FLAGS:
@@ -66,17 +67,19 @@ def plan_cluster(replicas: int, router: str, policy: str | None, host: str, port
                    "--kv-events", kv_events, "--kv-events-replay", replay,
                    *_per_replica_files(serve_flags, index)]
         planned.append(Replica(index, f"http://{host}:{http_port}", kv_events, replay, command))
-    command = router_command(router, policy or DEFAULT_POLICY[router], host, port, planned, model_name)
+    command = router_command(router, policy or DEFAULT_POLICY[router], host, port, planned, model_name,
+                             metrics_port=port + 1 + 3 * replicas)
     return ClusterPlan(planned, f"http://{host}:{port}", command)
 
 
 def router_command(router: str, policy: str, host: str, port: int, replicas: list[Replica],
-                   model_name: str) -> list[str]:
+                   model_name: str, metrics_port: int) -> list[str]:
     """The router's command line naming every replica (and, for vllm-router's kv_aware, each replica's
     event and replay sockets). Pure apart from finding the executable on PATH or beside Python."""
     urls = [replica.url for replica in replicas]
     common = ["--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
-              "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S), "--health-failure-threshold", "1"]
+              "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S), "--health-failure-threshold", "1",
+              "--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     if router == "sglang-router":
         return [router_executable(router), "launch", *common]
     command = [router_executable(router), *common]
