@@ -54,6 +54,7 @@ COUNTERS = (
     Figure("kv_events_batches_dropped",
            "KV-event batches dropped because the publisher fell behind the worker (it then stops)."),
     Figure("kv_events_events_dropped", "Cache events never published to routers (--kv-events)."),
+    Figure("kv_events_cpu_seconds", "CPU seconds of the KV-event publisher's thread (--kv-events)."),
 )
 
 GAUGES = (

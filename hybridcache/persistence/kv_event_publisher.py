@@ -54,6 +54,7 @@ KV_EVENTS_OFF_STATS: dict[str, object] = {
     "kv_events_batches_dropped": 0,
     "kv_events_events_dropped": 0,
     "kv_events_resyncs": 0,
+    "kv_events_cpu_seconds": 0.0,
     "kv_events_device_blocks": 0,
     "kv_events_host_blocks": 0,
 }
@@ -99,6 +100,7 @@ class KvEventPublisher:
         self.batches_dropped = 0
         self.events_dropped = 0
         self.resyncs = 0
+        self.cpu_seconds = 0.0  # the publishing thread's CPU time so far
         self.lost = False
         self._zmq = zmq
         self._shadow = PrefixIndex(geometry)
@@ -152,6 +154,7 @@ class KvEventPublisher:
             "kv_events_batches_dropped": self.batches_dropped,
             "kv_events_events_dropped": self.events_dropped,
             "kv_events_resyncs": self.resyncs,
+            "kv_events_cpu_seconds": round(self.cpu_seconds, 6),
             "kv_events_device_blocks": self._cover.num_covered(Tier.DEVICE),
             "kv_events_host_blocks": self._cover.num_covered(Tier.HOST),
         }
@@ -190,6 +193,7 @@ class KvEventPublisher:
                     resync = False
                 if self._replay is not None and self._replay in ready:
                     self._answer_replays(lost)
+                self.cpu_seconds = time.thread_time()
                 if closing:
                     return
         except Exception:  # the publisher must never take the server down; the router falls back
