@@ -1,7 +1,8 @@
 """`--kv-events`: tell a router which prefixes this replica can resume, over ZMQ (an event sink).
 
 The publisher sits beside the journal on the cache's event stream. The worker's share is one list
-append under a lock (`append`); everything else happens on the publisher's own thread: it folds the
+append under a lock (`append`), plus a one-byte pipe write that wakes the publisher when its inbox was
+empty; everything else happens on the publisher's own thread, which sleeps until woken: it folds the
 events into a shadow `PrefixIndex` (the same fold `hybridcache replay` runs), diffs the resumable
 cover (`cache/resumable_cover.py`) after every batch that can change it, and publishes the changes in
 the router wire format (`kv_event_wire.py`) on an XPUB socket.
