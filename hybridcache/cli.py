@@ -30,6 +30,11 @@ COMMANDS = (
     Command(
         "serve", "serve a model over OpenAI- and Anthropic-compatible HTTP", "hybridcache.http.serve_command"
     ),
+    Command(
+        "cluster",
+        "N local serve replicas behind one cache-aware router (vllm-router or sglang-router)",
+        "hybridcache.http.cluster_command",
+    ),
     Command("inspect", "inspect a prefix-cache file", "hybridcache.tools.inspect"),
     Command("replay", "replay an event log into a fresh index and check it", "hybridcache.tools.replay"),
     Command("simulate", "simulate the prefix cache on agent traces (no model)", "hybridcache.tools.simulate"),

@@ -48,6 +48,8 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back; see cache/write_back.py)
+    kv_events: str | None = None  # --kv-events tcp://HOST:PORT (publish the resumable cover to a router)
+    kv_events_replay: str | None = None  # --kv-events-replay tcp://HOST:PORT (answer gap replays)
 
 
 class EngineOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +78,8 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
     @property
     def host_tier(self) -> bool:
@@ -107,6 +111,8 @@ _CACHE_ONLY_FLAGS = {
     "prefix_cache_file": "--prefix-cache-file",
     "event_log": "--event-log",
     "host_write": "--host-write",
+    "kv_events": "--kv-events",
+    "kv_events_replay": "--kv-events-replay",
 }
 
 
@@ -157,7 +163,14 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or HostWrite.BACK),
+        kv_events=_checked_endpoint(cache.kv_events, "--kv-events"),
+        kv_events_replay=_checked_endpoint(cache.kv_events_replay, "--kv-events-replay"),
     )
+    if effective_cache.kv_events_replay is not None and effective_cache.kv_events is None:
+        raise OptionError("--kv-events-replay", "needs --kv-events (the replay answers that stream's gaps)")
+    kv_events = effective_cache.kv_events
+    if kv_events is not None and kv_events == effective_cache.kv_events_replay:
+        raise OptionError("--kv-events-replay", "must differ from --kv-events")
     return EffectiveOptions(
         model=options.model,
         dtype=options.dtype,
@@ -240,3 +253,15 @@ def _checked_file_path(path: str | None, flag: str, what: str) -> str | None:
     except UnsafeFileError as error:
         raise OptionError(flag, str(error)) from None
     return str(resolved)
+
+
+def _checked_endpoint(endpoint: str | None, flag: str) -> str | None:
+    """A ZMQ endpoint to bind: ``tcp://HOST:PORT`` with a port in 1..65535 (``*`` binds every address).
+    Pure; raises OptionError otherwise."""
+    if endpoint is None:
+        return None
+    scheme, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise OptionError(flag, f"expected tcp://HOST:PORT, got {endpoint!r}")
+    return endpoint

@@ -64,10 +64,30 @@ def test_unbuilt_commands_say_so_in_their_help(words: list[str], capsys: pytest.
         (["--max-concurrency", "12"], "--max-concurrency"),
         (["--prefix-cache-file", "/"], "--prefix-cache-file"),
         (["--port", "70000"], "--port"),
+        (["--kv-events", "udp://127.0.0.1:5557"], "--kv-events"),
+        (["--kv-events-replay", "tcp://127.0.0.1:5558"], "--kv-events-replay"),
+        (["--no-prefix-reuse", "--kv-events", "tcp://127.0.0.1:5557"], "--kv-events"),
     ],
 )
 def test_invalid_serve_options_give_one_line_and_exit_2(flags: list[str], flag_named: str):
     result = run_cli("serve", *flags)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert flag_named in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag_named"),
+    [
+        (["--replicas", "0"], "--replicas"),
+        (["--replicas", "2", "--kv-events", "tcp://127.0.0.1:5557"], "--kv-events"),
+        (["--replicas", "2", "--host-cache-mib", "0", "--prefix-cache-file", "/tmp/x.hcf"],
+         "--prefix-cache-file"),
+    ],
+)
+def test_invalid_cluster_options_give_one_line_and_exit_2(flags: list[str], flag_named: str):
+    result = run_cli("cluster", *flags)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1

@@ -35,8 +35,10 @@ from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
 from hybridcache.logs import Progress, get_logger
+from hybridcache.persistence.event_fanout import fan_out
 from hybridcache.persistence.event_sink import open_journal
 from hybridcache.persistence.fingerprint import make_fingerprint
+from hybridcache.persistence.kv_event_publisher import KV_EVENTS_OFF_STATS, KvEventPublisher
 from hybridcache.persistence.load import load_prefix_cache
 from hybridcache.persistence.save import save_prefix_cache
 
@@ -71,10 +73,15 @@ class Engine:
                 self.runtime.geometry,
                 {"prefill_chunk": options.prefill_chunk, "max_concurrency": options.max_concurrency},
             )
+        self.kv_events = None
+        if options.cache.kv_events is not None:
+            self.kv_events = KvEventPublisher(
+                options.cache.kv_events, self.runtime.geometry, options.cache.kv_events_replay
+            )
         self.cache = Cache(
             self.runtime.geometry,
             CacheCostModel.default(),
-            journal=self.journal,
+            journal=fan_out(self.journal, self.kv_events),
             host_write=options.cache.host_write,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
@@ -99,6 +106,8 @@ class Engine:
             return
         if self.journal is not None:
             self.journal.writer.release()
+        if self.kv_events is not None:
+            self.kv_events.start()
         self._worker = Worker(self, self._compute)
         self._task = asyncio.create_task(self._worker.run(), name="hybridcache-worker")
         self._task.add_done_callback(self._worker_ended)
@@ -125,6 +134,8 @@ class Engine:
                 self.cache.checkpoint()
                 self._close_journal()
         finally:
+            if self.kv_events is not None:
+                self.kv_events.close()
             self.runtime.close()
 
     def _close_journal(self) -> None:
@@ -211,6 +222,7 @@ class Engine:
             "host_tier_superseded_snapshot_bytes": superseded_snapshot_bytes(index),
             **device_counts(index),
             **self._journal_stats(),
+            **(KV_EVENTS_OFF_STATS if self.kv_events is None else self.kv_events.stats()),
         }
         if worker is not None:
             stats.update(worker.counters.as_dict())

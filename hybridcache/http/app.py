@@ -7,8 +7,9 @@ elsewhere); an unexpected exception becomes a 500 in that envelope and is logged
 never takes the server down.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/messages,
-GET /health, GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats (``engine.stats()`` as
-JSON; /metrics carries the same figures under the same names).
+POST /v1/chat/completions/render and /v1/completions/render (the prompt's token ids, for routers),
+GET /server_info, GET /health, GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats
+(``engine.stats()`` as JSON; /metrics carries the same figures under the same names).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hybridcache.http.errors import ApiError, error_response, kind_of_status, pr
 from hybridcache.http.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from hybridcache.http.openai_chat import chat_completions
 from hybridcache.http.openai_completions import completions
+from hybridcache.http.render_routes import chat_render, completion_render, server_info
 from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.state import STATE_KEY, FrontendLike, ServerState, server_state
 from hybridcache.http.waiting_cap import WaitingCap, waiting_cap_middleware
@@ -47,6 +49,10 @@ def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOp
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/chat/completions/render", chat_render)
+    app.router.add_post("/v1/completions/render", completion_render)
+    app.router.add_get("/server_info", server_info)
+    app.router.add_get("/get_server_info", server_info)
     return app
 
 

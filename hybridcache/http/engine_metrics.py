@@ -50,6 +50,11 @@ COUNTERS = (
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
     Figure("journal_write_errors",
            "Failed writes of the event journal (--event-log); journaling stops at the first."),
+    Figure("kv_events_batches_published", "KV-event batches published to routers (--kv-events)."),
+    Figure("kv_events_batches_dropped",
+           "KV-event batches dropped because the publisher fell behind the worker (it then stops)."),
+    Figure("kv_events_events_dropped", "Cache events never published to routers (--kv-events)."),
+    Figure("kv_events_cpu_seconds", "CPU seconds of the KV-event publisher's thread (--kv-events)."),
 )
 
 GAUGES = (
@@ -65,6 +70,8 @@ GAUGES = (
     Figure("host_tier_superseded_snapshot_bytes",
            "Host bytes of snapshots a later one superseded (part of host_tier_bytes)."),
     Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
+    Figure("kv_events_device_blocks", "Blocks routers are told this replica resumes from the device."),
+    Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),
 )
 
 

@@ -12,14 +12,14 @@ from typing import Any
 
 from aiohttp import web
 
-from hybridcache.core.api import RequestError
+from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.http import sse
 from hybridcache.http.auth import request_cache_salt
 from hybridcache.http.chat_output import collect_chat, finish_kind, new_tool_call_id
 from hybridcache.http.errors import from_engine_error
 from hybridcache.http.generation import Generation
 from hybridcache.http.openai_common import chat_logprobs, finish_reason, stream_error, usage
-from hybridcache.http.openai_messages import chat_input
+from hybridcache.http.openai_messages import ChatInput, chat_input
 from hybridcache.http.openai_schemas import ChatCompletionRequest
 from hybridcache.http.output_parser import OutputParser, Segment
 from hybridcache.http.request_limits import check_conversation_size
@@ -42,15 +42,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     started_at = time.monotonic()
     state = server_state(request)
     body = await decode_body(request, ChatCompletionRequest)
-    state.check_model(body.model)
     check_single_choice(body.n)
-    check_conversation_size(body.messages, body.tools)
     stops = stop_strings(body.stop)
-    chat = chat_input(body)
-    prompt = await prepare(
-        state.frontend.prepare_chat, chat.messages, chat.tools,
-        add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
-        cache_salt=request_cache_salt(request, body.cache_salt), breakpoints=chat.breakpoints)
+    prompt, chat = await chat_prompt(request, state, body)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(body.max_completion_tokens or body.max_tokens, prompt.num_tokens,
                                     state.max_model_len, max_param, default=state.options.default_max_tokens)
@@ -73,6 +67,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if body.stream:
             return await _stream(request, state, body, run, parser)
         return await _respond(state, body, run, parser)
+
+
+async def chat_prompt(request: web.Request, state: ServerState,
+                      body: ChatCompletionRequest) -> tuple[PreparedPrompt, ChatInput]:
+    """The prompt a chat request submits (template, tokens, cache salt) and its template input. The
+    render endpoint answers with the same prompt. Raises ApiError (unknown model, oversized or
+    unservable conversation, a template the frontend rejects)."""
+    state.check_model(body.model)
+    check_conversation_size(body.messages, body.tools)
+    chat = chat_input(body)
+    prompt = await prepare(
+        state.frontend.prepare_chat, chat.messages, chat.tools,
+        add_generation_prompt=body.add_generation_prompt, template_kwargs=body.chat_template_kwargs,
+        cache_salt=request_cache_salt(request, body.cache_salt), breakpoints=chat.breakpoints)
+    return prompt, chat
 
 
 async def _respond(state: ServerState, body: ChatCompletionRequest, run: Generation,

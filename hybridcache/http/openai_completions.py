@@ -44,7 +44,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_single_choice(body.n)
     _check_unsupported(body)
     stops = stop_strings(body.stop)
-    prompt = await _prepare_prompt(state, body.prompt, request_cache_salt(request, body.cache_salt))
+    prompt = await completion_prompt(state, body.prompt, request_cache_salt(request, body.cache_salt))
     max_tokens = resolve_max_tokens(body.max_tokens, prompt.num_tokens, state.max_model_len,
                                     default=COMPLETIONS_DEFAULT_MAX_TOKENS)
     sampling = build_sampling(
@@ -75,8 +75,9 @@ def _check_unsupported(body: CompletionRequest) -> None:
         raise bad_request(f"best_of: only best_of=1 is supported, got {body.best_of}", "best_of")
 
 
-async def _prepare_prompt(state: ServerState, prompt: str | list[Any], salt: str | None) -> PreparedPrompt:
-    """Text or token ids (or a one-item batch of either) through the frontend. Raises ApiError 400."""
+async def completion_prompt(state: ServerState, prompt: str | list[Any], salt: str | None) -> PreparedPrompt:
+    """Text or token ids (or a one-item batch of either) through the frontend: the prompt a completion
+    submits, and the one the render endpoint answers with. Raises ApiError 400."""
     if isinstance(prompt, list) and prompt and all(isinstance(item, str | list) for item in prompt):
         if len(prompt) != 1:
             raise bad_request(f"prompt: one prompt per request is supported, got a batch of {len(prompt)}",

@@ -134,6 +134,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default) or through (whenever a request releases them)",
     )
     cache.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="publish which prefixes this replica can resume (KV events for vllm-router's kv_aware "
+        "policy) on a ZMQ PUB socket bound here (off by default; needs pyzmq)",
+    )
+    cache.add_argument(
+        "--kv-events-replay",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="answer a router's gap replay requests on a ZMQ ROUTER socket bound here "
+        "(vllm-router --kv-event-replay-source)",
+    )
+    cache.add_argument(
         "--device-snapshot-slots",
         type=int,
         default=None,
@@ -180,6 +194,8 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
             host_write=args.host_write,
+            kv_events=args.kv_events,
+            kv_events_replay=args.kv_events_replay,
         ),
     )
 

@@ -119,6 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="device resumes and memcpys, best kept (default: %(default)s)"
     )
+    parser.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="the cached engine also publishes KV events here (serve --kv-events), so the overheads "
+        "include the publisher's work",
+    )
     parser.add_argument("--copy-mib", type=int, default=256, help="memcpy size for the bandwidth probe")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
 
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"prompt_tokens={args.prompt_tokens}")
     print(f"decode_tokens={args.decode_tokens}")
     print(f"host_write={args.host_write}")
+    print(f"kv_events={args.kv_events or 'off'}")
     print(f"cpus={os.cpu_count()}")
     load_start = os.getloadavg()[0]
     print(f"load_average_start={load_start:.2f}")
@@ -212,7 +220,14 @@ async def _measure(directory: Path, args: argparse.Namespace) -> dict[str, float
     engines = await _start_engines(directory, args)
     try:
         await _warm_up(engines, frontend, args)
-        return await _scenario(engines, prompts, args)
+        cpu_before = time.process_time()
+        result = await _scenario(engines, prompts, args)
+        if args.kv_events:
+            # The publisher's own thread CPU against the whole process's over the timed scenario.
+            publisher_cpu = float(engines.cached.stats()["kv_events_cpu_seconds"])  # type: ignore[arg-type]
+            print(f"kv_events_cpu_s={publisher_cpu:.4f}")
+            print(f"kv_events_cpu_share={publisher_cpu / max(time.process_time() - cpu_before, 1e-9):.5f}")
+        return result
     finally:
         await engines.cached.stop()
         await engines.uncached.stop()
@@ -233,6 +248,7 @@ async def _start_engines(directory: Path, args: argparse.Namespace) -> EnginePai
             host_cache_mib=args.host_cache_mib,
             device_snapshot_slots=2 * args.cold_runs + 2,
             host_write=args.host_write,
+            kv_events=args.kv_events,
         ),
         CacheOptions(prefix_reuse=False),
     ):
