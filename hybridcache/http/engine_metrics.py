@@ -45,6 +45,8 @@ COUNTERS = (
            "would have lost them (write-back)."),
     Figure("prefetched_blocks", "KV blocks copied from the Host tier ahead of their use."),
     Figure("snapshot_taps_taken", "Recurrent-state snapshots (taps) taken during prefill."),
+    Figure("snapshot_taps_in_pass",
+           "Taps copied from inside a prefill pass without splitting it (the prompt tail, hedges)."),
     Figure("snapshot_taps_skipped", "Planned taps skipped."),
     Figure("snapshot_taps_skipped_no_slot", "Taps skipped for want of a free device snapshot slot."),
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
@@ -69,6 +71,9 @@ GAUGES = (
            "kind", ("kv_live", "kv_dead", "snapshot_images", "snapshot_tails")),
     Figure("host_tier_superseded_snapshot_bytes",
            "Host bytes of snapshots a later one superseded (part of host_tier_bytes)."),
+    Figure("host_tier_hedge_snapshot_bytes",
+           "Host bytes of hedge snapshots, taken a few hundred tokens before prompt ends "
+           "(part of host_tier_bytes)."),
     Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
     Figure("kv_events_device_blocks", "Blocks routers are told this replica resumes from the device."),
     Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),
