@@ -146,7 +146,10 @@ class Engine:
         fingerprint = engine_fingerprint(self.model_dir, self.runtime, self.options)
         self.cache_dir = CacheDirectory(
             directory, self.cache, self.runtime.host_memory, fingerprint,
+            # crash trials (tools/crash_trials.py) compact often and widen the rename window:
             compact_min_tail=int(os.environ.get("HYBRIDCACHE_COMPACT_MIN_TAIL", DEFAULT_COMPACT_MIN_TAIL)),
+            compaction_pause_s=float(os.environ.get("HYBRIDCACHE_COMPACTION_PAUSE_S", 0.0)),
+            compact_tail_ratio=float(os.environ.get("HYBRIDCACHE_COMPACT_TAIL_RATIO", 2.0)),
         )
         sinks = [sink for sink in (self.journal, self.cache_dir.sink) if sink is not None]
         self.cache.journal = sinks[0] if len(sinks) == 1 else EventFanout(sinks)

@@ -100,6 +100,8 @@ class CacheDirectory:
         host_memory: HostSlabMemory,
         fingerprint: CacheFingerprint,
         compact_min_tail: int = DEFAULT_COMPACT_MIN_TAIL,
+        compaction_pause_s: float = 0.0,
+        compact_tail_ratio: float = 2.0,
     ) -> None:
         self.directory = Path(directory)
         self._lock = lock_directory(self.directory)
@@ -140,6 +142,8 @@ class CacheDirectory:
             sync_slabs=mapped.sync,
             compact_min_tail=compact_min_tail,
             clean_seq=lambda: self.sink.clean_seq,
+            compaction_pause_s=compaction_pause_s,
+            compact_tail_ratio=compact_tail_ratio,
         )
         self.sink.writer = self.writer
 

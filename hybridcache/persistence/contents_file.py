@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
@@ -97,9 +97,13 @@ def encode_records(records: Iterable[ContentsRecord]) -> bytes:
 
 
 def write_contents_file(
-    path: str | os.PathLike[str], header: ContentsHeader, records: Iterable[ContentsRecord]
+    path: str | os.PathLike[str],
+    header: ContentsHeader,
+    records: Iterable[ContentsRecord],
+    before_rename: Callable[[], None] | None = None,
 ) -> None:
     """Replace the file at ``path`` atomically with ``header`` and ``records`` (a base table), durably.
+    ``before_rename`` runs once the temporary file is complete (the crash trials widen that window).
     Raises OSError (the old file is left in place and the temporary file removed)."""
     target = Path(path)
     temporary = temporary_name(target)
@@ -112,6 +116,8 @@ def write_contents_file(
             stream.write(encode_records(records))
             stream.flush()
             os.fsync(stream.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -12,10 +12,12 @@ slab bytes have just landed in the mapped slab file. For each batch the thread
 After step 3 the batch is durable: `durable_seq` is then the cache-event sequence number up to which
 every landed host write is on disk. One fsync pair per batch; a batch gathers for `flush_interval_s`.
 
-Compaction: when the tail passes `max(compact_min_tail, 2 x live entries)` records, the thread rewrites
-the file as a base table of its fold plus nothing (`write_contents_file`: temporary file, fsync, rename).
-So the file never holds more than `entries + max(compact_min_tail, 2 x entries)` records (+ one batch),
-and a restart folds at most that many.
+Compaction: when the tail passes `max(compact_min_tail, compact_tail_ratio x live entries)` records
+(4096 and 2 by default), the thread rewrites the file as a base table of its fold plus nothing
+(`write_contents_file`: temporary file, fsync, rename). So the file never holds more than
+`entries + max(4096, 2 x entries)` records plus one batch, about 3 x entries + 4096 records, and a restart
+folds at most that many; the rewrite itself costs one pass over the live entries (amortised: at most
+one record rewritten per two appended).
 
 A write error is logged once, counted, and stops the writer (later items are dropped: the file stays a
 prefix of the truth, and the restart verifies what it names).
@@ -79,6 +81,8 @@ class ContentsWriter:
         flush_interval_s: float = 0.05,
         compact_min_tail: int = DEFAULT_COMPACT_MIN_TAIL,
         clean_seq: Callable[[], int] = lambda: 0,
+        compaction_pause_s: float = 0.0,
+        compact_tail_ratio: float = 2.0,
     ) -> None:
         self.path = Path(path)
         self.header = header
@@ -88,7 +92,9 @@ class ContentsWriter:
         self._sync_slabs = sync_slabs
         self._flush_interval_s = flush_interval_s
         self._compact_min_tail = compact_min_tail
+        self._compact_tail_ratio = compact_tail_ratio
         self._clean_seq = clean_seq
+        self._compaction_pause_s = compaction_pause_s  # > 0 only in crash trials: a wider window to kill in
         self._fd = open_for_append(self.path)
         self._pending: list[ContentsRecord | PendingStore] = []
         self._lock = threading.Condition(threading.Lock())
@@ -204,7 +210,7 @@ class ContentsWriter:
         self.tail_records += len(records)
         self.batches += 1
         self.durable_seq = max(self.durable_seq, clean)
-        if self.tail_records > max(self._compact_min_tail, 2 * self.fold.entries):
+        if self.tail_records > max(self._compact_min_tail, self._compact_tail_ratio * self.fold.entries):
             self.compact()
 
     def _hashed(self, item: PendingStore) -> ContentsRecord | None:
@@ -219,7 +225,10 @@ class ContentsWriter:
     def compact(self) -> None:
         """Rewrite the file as a base table of the fold (on this thread, or before it starts)."""
         started = time.perf_counter()
-        write_contents_file(self.path, self.header, self.fold.base_records())
+        pause = self._compaction_pause_s
+        write_contents_file(
+            self.path, self.header, self.fold.base_records(), (lambda: time.sleep(pause)) if pause else None
+        )
         old, self._fd = self._fd, open_for_append(self.path)
         os.close(old)
         self.tail_records = 0
