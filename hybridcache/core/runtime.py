@@ -16,9 +16,9 @@ from hybridcache.gpu.backend import CpuBackend
 from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
-from hybridcache.gpu.slab_file import MappedSlabFile
 from hybridcache.gpu.model import Qwen35Model, load_model
 from hybridcache.gpu.model.loader import stored_dtype
+from hybridcache.gpu.slab_file import MappedSlabFile
 from hybridcache.gpu.transfers import Transfers
 from hybridcache.logs import format_bytes
 from hybridcache.persistence.cache_dir import slabs_path

@@ -261,7 +261,7 @@ async def _trial(settings: TrialSettings, number: int, mode: str, prompts, repli
                     stats = await client.stats()
                     polls.append((time.monotonic(), int(stats["cache_event_seq"]),
                                   int(stats["cache_dir_durable_seq"])))
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, aiohttp.ClientError, ValueError):
                     return
                 await asyncio.sleep(0.05)
 
