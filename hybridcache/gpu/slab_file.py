@@ -8,6 +8,7 @@ and a restart maps the same bytes back without reading them into a second buffer
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -23,10 +24,8 @@ class MappedSlabFile:
 
     def __init__(self, path: str | os.PathLike[str], file_bytes: int) -> None:
         self.path = Path(path)
-        try:
+        with contextlib.suppress(FileExistsError):  # a restart maps the existing file
             os.close(create_private_file(self.path))
-        except FileExistsError:
-            pass
         self._fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         self.file_bytes = file_bytes
         if os.fstat(self._fd).st_size != file_bytes:

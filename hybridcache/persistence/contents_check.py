@@ -72,7 +72,7 @@ def check_directory(directory: str | os.PathLike[str]) -> DirectoryCheck:
         base_entries=contents.base_entries,
         tail_records=contents.tail_records,
         torn_bytes=contents.dropped_bytes,
-        damage=None if contents.damage is None else f"at byte {contents.damage.offset}: {contents.damage.reason}",
+        damage=None if contents.damage is None else f"{contents.damage.reason} at {contents.damage.offset}",
         listed_blocks=len(fold.blocks),
         listed_snapshots=len(fold.images),
         listed_superseded=sum(1 for image in fold.images.values() if image.superseded),
@@ -120,7 +120,8 @@ def _verify(check: DirectoryCheck, contents: ContentsRead, slab_file: Path) -> N
             if image.anchor not in kept:
                 check.unreachable += 1
                 continue
-            tail_ok = tail is None or verified((tail.slab,), tail.checksum, f"tail of snapshot {image.snapshot}")
+            what = f"tail of snapshot {image.snapshot}"
+            tail_ok = tail is None or verified((tail.slab,), tail.checksum, what)
             if tail_ok and verified(image.slabs, image.checksum, f"image of snapshot {image.snapshot}"):
                 check.restorable_snapshots += 1
                 node = image.anchor

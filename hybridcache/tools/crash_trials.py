@@ -106,14 +106,17 @@ class Client:
             data = await response.json()
             if response.status != 200:
                 raise RuntimeError(f"HTTP {response.status}: {data}")
-        return data["choices"][0]["message"]["content"], data["usage"]["prompt_tokens_details"]["cached_tokens"]
+        cached = data["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return data["choices"][0]["message"]["content"], cached
 
     async def stats(self) -> dict[str, object]:
         async with self.session.get(self.url + "/v1/cache/stats") as response:
             return await response.json()
 
 
-def _launch(settings: TrialSettings, directory: Path | None, compact: bool = False) -> tuple[ServeProcess, float]:
+def _launch(
+    settings: TrialSettings, directory: Path | None, compact: bool = False
+) -> tuple[ServeProcess, float]:
     argv = [sys.executable, "-m", "hybridcache", "serve", "--host", "127.0.0.1", "--port", "0",
             "--model", str(settings.checkpoint), "--served-model-name", MODEL, "--device", "cpu",
             "--max-concurrency", str(settings.lanes), "--kv-capacity", str(settings.kv_pages),
@@ -139,11 +142,11 @@ def _conversation_prompts(settings: TrialSettings, replies: list[list[str]]) -> 
         history: list[dict[str, str]] = []
         turns = []
         for t in range(settings.turns):
-            history = history + [{"role": "user", "content": _user_text(c, t, settings.words_per_turn,
-                                                                          settings.seed)}]
+            text = _user_text(c, t, settings.words_per_turn, settings.seed)
+            history = [*history, {"role": "user", "content": text}]
             turns.append(history)
             if t < len(replies[c]):
-                history = history + [{"role": "assistant", "content": replies[c][t]}]
+                history = [*history, {"role": "assistant", "content": replies[c][t]}]
         prompts.append(turns)
     return prompts
 
@@ -251,7 +254,8 @@ async def _trial(settings: TrialSettings, number: int, mode: str, prompts, repli
     polls: list[tuple[float, int, int]] = []
     kill_after = rng.uniform(0.1, 1.3) * replay_s
     watched = mode in ("mid-write", "mid-compaction")
-    watch = _FileWatch(directory, mode, time.monotonic() + rng.uniform(0.1, 0.9) * replay_s) if watched else None
+    arm_at = time.monotonic() + rng.uniform(0.1, 0.9) * replay_s
+    watch = _FileWatch(directory, mode, arm_at) if watched else None
     async with aiohttp.ClientSession() as session:
         client = Client(session, server.url, settings.max_tokens)
 

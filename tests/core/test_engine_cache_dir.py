@@ -97,7 +97,7 @@ async def test_a_torn_contents_tail_is_dropped_and_the_rest_restored(micro_check
 
 async def test_slab_bytes_that_fail_their_checksum_are_never_served(micro_checkpoint: Path, tmp_path: Path):
     directory = tmp_path / "cache"
-    repeat, cold, quoted = await _chat_then_stop(micro_checkpoint, directory)
+    repeat, cold, _ = await _chat_then_stop(micro_checkpoint, directory)
     fold = read_contents(contents_path(directory)).fold
     slab_bytes = read_contents(contents_path(directory)).header.geometry.slab_bytes
     with open(slabs_path(directory), "r+b") as stream:  # damage every image: no snapshot may come back
@@ -112,9 +112,11 @@ async def test_slab_bytes_that_fail_their_checksum_are_never_served(micro_checkp
     assert after.accounting.reuse_tokens == 0 and after.tokens == cold.tokens
 
 
-async def test_slab_writes_that_never_landed_drop_exactly_their_entries(micro_checkpoint: Path, tmp_path: Path):
+async def test_slab_writes_that_never_landed_drop_exactly_their_entries(
+    micro_checkpoint: Path, tmp_path: Path
+):
     directory = tmp_path / "cache"
-    repeat, cold, quoted = await _chat_then_stop(micro_checkpoint, directory)
+    repeat, cold, _ = await _chat_then_stop(micro_checkpoint, directory)
     contents = read_contents(contents_path(directory))
     slab_bytes = contents.header.geometry.slab_bytes
     used = sorted(contents.fold.blocks[n].slab for n in contents.fold.blocks)
@@ -155,7 +157,9 @@ async def test_a_copy_taken_while_serving_restores_what_had_become_durable(
     assert after.accounting.reuse_tokens == quoted and after.tokens == cold.tokens
 
 
-async def test_compaction_keeps_what_a_restart_gives_back(micro_checkpoint: Path, tmp_path: Path, monkeypatch):
+async def test_compaction_keeps_what_a_restart_gives_back(
+    micro_checkpoint: Path, tmp_path: Path, monkeypatch
+):
     monkeypatch.setenv("HYBRIDCACHE_COMPACT_MIN_TAIL", "4")
     monkeypatch.setenv("HYBRIDCACHE_COMPACT_TAIL_RATIO", "0.5")
     directory = tmp_path / "cache"
