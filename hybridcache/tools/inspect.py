@@ -1,10 +1,11 @@
 """Inspect a prefix-cache file (--prefix-cache-file) or a cache directory (--cache-dir: its contents
 journal folded and every restorable entry verified, see tools/inspect_dir.py).
 
-A file: header and fingerprint, host geometry, counts and bytes by kind, a block depth histogram and
-the snapshot table; --tree shows the block tree with chains collapsed, --verify checks every checksum (exit 1 on damage, naming the first bad offset), --json prints
-the summary for scripts, --plot draws the host-tier composition and the snapshots' frontier/size, and
---decode shows a snapshot's tail or a block's tokens (as text with --tokenizer). Never loads torch.
+A file: header and fingerprint, host geometry, counts and bytes by kind, a block depth histogram and the
+snapshot table; --tree shows the block tree with chains collapsed, --verify checks every checksum (exit 1
+on damage, naming the first bad offset), --json prints the summary for scripts, --plot draws the host-
+tier composition and the snapshots' frontier/size, and --decode shows a snapshot's tail or a block's
+tokens (as text with --tokenizer). Never loads torch.
 """
 
 from __future__ import annotations
