@@ -2,10 +2,11 @@
 
     python -m hybridcache.tools.crash_trials --trials 20 [--preset tiny] [--conversations 4 --turns 3]
 
-1. Reference: a server without prefix reuse answers every turn of every conversation (greedy): the cold
-   outputs, which also fix each later turn's prompt (the history holds the reference replies).
-2. Orderly figure: a server with a fresh cache directory replays the conversations, stops with SIGTERM,
-   restarts; repeating each conversation's last prompt reports `cached_tokens` (the orderly figure).
+1. Reference: every turn of every conversation is answered greedily under a cache salt of its own (so
+   nothing is reused: the cold outputs), which also fixes each later turn's prompt (the history holds
+   the reference replies).
+2. Orderly figure: the same server (a fresh cache directory) replays the conversations unsalted, stops
+   with SIGTERM, restarts; repeating each conversation's last prompt reports `cached_tokens`.
 3. Each trial: a fresh directory, a server (contents compacted every few records, so compactions are
    frequent), the conversations replayed concurrently while `/v1/cache/stats` is polled, then `kill -9`
    at a moment chosen by the trial's mode: `random` (uniform over the replay and a little after),
@@ -100,8 +101,10 @@ class Client:
         self.url = url
         self.max_tokens = max_tokens
 
-    async def chat(self, messages: list[dict[str, str]]) -> tuple[str, int]:
+    async def chat(self, messages: list[dict[str, str]], salt: str | None = None) -> tuple[str, int]:
         body = {"model": MODEL, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0}
+        if salt is not None:
+            body["cache_salt"] = salt
         async with self.session.post(self.url + "/v1/chat/completions", json=body) as response:
             data = await response.json()
             if response.status != 200:
@@ -114,17 +117,11 @@ class Client:
             return await response.json()
 
 
-def _launch(
-    settings: TrialSettings, directory: Path | None, compact: bool = False
-) -> tuple[ServeProcess, float]:
+def _launch(settings: TrialSettings, directory: Path, compact: bool = False) -> tuple[ServeProcess, float]:
     argv = [sys.executable, "-m", "hybridcache", "serve", "--host", "127.0.0.1", "--port", "0",
             "--model", str(settings.checkpoint), "--served-model-name", MODEL, "--device", "cpu",
             "--max-concurrency", str(settings.lanes), "--kv-capacity", str(settings.kv_pages),
-            "--host-cache-mib", str(settings.host_cache_mib)]
-    argv += ["--no-prefix-reuse"] if directory is None else ["--cache-dir", str(directory)]
-    if directory is None:
-        argv.remove("--host-cache-mib")
-        argv.remove(str(settings.host_cache_mib))
+            "--host-cache-mib", str(settings.host_cache_mib), "--cache-dir", str(directory)]
     env = dict(os.environ)
     if compact:
         env["HYBRIDCACHE_COMPACT_MIN_TAIL"] = str(settings.compact_min_tail)
@@ -151,20 +148,17 @@ def _conversation_prompts(settings: TrialSettings, replies: list[list[str]]) -> 
     return prompts
 
 
-async def _reference(settings: TrialSettings) -> list[list[str]]:
-    """The cold greedy reply of every turn (a server without prefix reuse)."""
-    server, _ = _launch(settings, None)
+async def _reference(settings: TrialSettings, client: Client) -> list[list[str]]:
+    """The cold greedy reply of every turn: each request under a cache salt of its own, so none reuses
+    anything (and none is reused by the unsalted replays)."""
     replies: list[list[str]] = [[] for _ in range(settings.conversations)]
-    try:
-        async with aiohttp.ClientSession() as session:
-            client = Client(session, server.url, settings.max_tokens)
-            for t in range(settings.turns):
-                prompts = _conversation_prompts(settings, replies)
-                for c in range(settings.conversations):
-                    reply, _ = await client.chat(prompts[c][t])
-                    replies[c].append(reply)
-    finally:
-        server.stop()
+    for t in range(settings.turns):
+        prompts = _conversation_prompts(settings, replies)
+        for c in range(settings.conversations):
+            reply, cached = await client.chat(prompts[c][t], salt=f"reference-{c}-{t}")
+            if cached:
+                raise RuntimeError(f"the reference request {c}/{t} reused {cached} tokens")
+            replies[c].append(reply)
     return replies
 
 
@@ -186,14 +180,18 @@ async def _repeat_last(client: Client, prompts, replies, conversations) -> dict[
     return out
 
 
-async def _orderly_figure(settings: TrialSettings, prompts, replies) -> tuple[dict[int, int], float]:
+async def _orderly_figure(settings: TrialSettings):
+    """The cold replies (and so the prompts), then the orderly figure: replay, SIGTERM, restart, repeat."""
     directory = settings.workdir / "orderly"
     shutil.rmtree(directory, ignore_errors=True)
     server, _ = _launch(settings, directory)
     try:
         async with aiohttp.ClientSession() as session:
+            client = Client(session, server.url, settings.max_tokens)
+            replies = await _reference(settings, client)
+            prompts = _conversation_prompts(settings, replies)
             started = time.monotonic()
-            await _replay(Client(session, server.url, settings.max_tokens), prompts, {})
+            await _replay(client, prompts, {})
             replay_seconds = time.monotonic() - started
     finally:
         server.stop()
@@ -206,7 +204,7 @@ async def _orderly_figure(settings: TrialSettings, prompts, replies) -> tuple[di
         server.stop()
     if not all(ok for ok, _ in repeats.values()):
         raise RuntimeError("the orderly restart served a reply that differs from the cold run")
-    return {c: cached for c, (_, cached) in repeats.items()}, replay_seconds
+    return prompts, replies, {c: cached for c, (_, cached) in repeats.items()}, replay_seconds
 
 
 class _FileWatch:
@@ -351,9 +349,7 @@ def plain_read_seconds(directory: Path) -> float:
 async def run_trials(settings: TrialSettings, report=print) -> list[TrialResult]:
     """Run every trial (see the module docstring); `report` gets one line per step."""
     settings.workdir.mkdir(parents=True, exist_ok=True)
-    replies = await _reference(settings)
-    prompts = _conversation_prompts(settings, replies)
-    orderly, replay_s = await _orderly_figure(settings, prompts, replies)
+    prompts, replies, orderly, replay_s = await _orderly_figure(settings)
     report(f"orderly-stop figure (cached_tokens of each last prompt repeated): {orderly}; "
            f"replay takes {replay_s:.2f} s")
     rng = random.Random(settings.seed)
