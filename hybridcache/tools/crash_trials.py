@@ -9,10 +9,10 @@
    with SIGTERM, restarts; repeating each conversation's last prompt reports `cached_tokens`.
 3. Each trial: a fresh directory, a server (contents compacted every few records, so compactions are
    frequent), the conversations replayed concurrently while `/v1/cache/stats` is polled, then `kill -9`
-   at a moment chosen by the trial's mode: `random` (uniform over the replay and a little after),
-   `mid-write` (right after the contents file grew: a batch is between its write and its fsync or just
-   past it), `mid-compaction` (while the compaction's temporary file exists) or `mid-stop` (SIGTERM,
-   then kill -9 a random 0-300 ms later). Then a restart in the same directory: it must start; every
+   after a random number of replies plus a random delay, refined by the trial's mode: `random` (then),
+   `mid-write` (at the next growth of the contents file: a batch between its write and its fsync or just
+   past it), `mid-compaction` (while the next compaction's temporary file exists) or `mid-stop`
+   (SIGTERM, then kill -9 a random 0-300 ms later). Then a restart in the same directory: it must start; every
    conversation that finished before the last durable point (a stats poll after its last reply showed
    `cache_dir_durable_seq` at or past the event sequence seen right after it) must report at least 90 %
    of its orderly figure when its last prompt is repeated, and every repeated reply must equal the cold
@@ -162,10 +162,13 @@ async def _reference(settings: TrialSettings, client: Client) -> list[list[str]]
     return replies
 
 
-async def _replay(client: Client, prompts: list[list[list[dict]]], finished: dict[int, float]) -> None:
+async def _replay(
+    client: Client, prompts: list[list[list[dict]]], finished: dict[int, float], replies_seen: list[int]
+) -> None:
     async def one(c: int) -> None:
         for messages in prompts[c]:
             await client.chat(messages)
+            replies_seen.append(c)
         finished[c] = time.monotonic()
 
     await asyncio.gather(*(one(c) for c in range(len(prompts))), return_exceptions=True)
@@ -191,7 +194,7 @@ async def _orderly_figure(settings: TrialSettings):
             replies = await _reference(settings, client)
             prompts = _conversation_prompts(settings, replies)
             started = time.monotonic()
-            await _replay(client, prompts, {})
+            await _replay(client, prompts, {}, [])
             replay_seconds = time.monotonic() - started
     finally:
         server.stop()
@@ -208,14 +211,14 @@ async def _orderly_figure(settings: TrialSettings):
 
 
 class _FileWatch:
-    """Signals, once ``arm_at`` (monotonic) has passed, when the contents file grows, or while its
-    compaction's temporary file exists."""
+    """Once armed, signals when the contents file grows, or while its compaction's temporary file
+    exists."""
 
-    def __init__(self, directory: Path, mode: str, arm_at: float) -> None:
+    def __init__(self, directory: Path, mode: str) -> None:
         self.contents = contents_path(directory)
         self.temporary = temporary_name(self.contents)
         self.mode = mode
-        self.arm_at = arm_at
+        self.armed = threading.Event()
         self.hit = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -223,8 +226,8 @@ class _FileWatch:
 
     def _run(self) -> None:
         last = -1
-        while not self._stop.is_set() and time.monotonic() < self.arm_at:
-            time.sleep(0.005)
+        while not self._stop.is_set() and not self.armed.wait(0.005):
+            pass
         while not self._stop.is_set():
             if self.mode == "mid-compaction" and self.temporary.exists():
                 self.hit.set()
@@ -250,10 +253,13 @@ async def _trial(settings: TrialSettings, number: int, mode: str, prompts, repli
     server, _ = _launch(settings, directory, compact=True)
     finished: dict[int, float] = {}
     polls: list[tuple[float, int, int]] = []
-    kill_after = rng.uniform(0.1, 1.3) * replay_s
-    watched = mode in ("mid-write", "mid-compaction")
-    arm_at = time.monotonic() + rng.uniform(0.1, 0.9) * replay_s
-    watch = _FileWatch(directory, mode, arm_at) if watched else None
+    replies_seen: list[int] = []
+    total = settings.conversations * settings.turns
+    # The moment is chosen by progress, not by the clock (robust to a slow or paused machine): after a
+    # random number of replies (0 .. all of them), a random delay (up to half a replay) later.
+    after_replies = rng.randint(0, total)
+    delay_s = rng.uniform(0.0, 0.5) * replay_s
+    watch = _FileWatch(directory, mode) if mode in ("mid-write", "mid-compaction") else None
     async with aiohttp.ClientSession() as session:
         client = Client(session, server.url, settings.max_tokens)
 
@@ -268,11 +274,20 @@ async def _trial(settings: TrialSettings, number: int, mode: str, prompts, repli
                 await asyncio.sleep(0.05)
 
         poller = asyncio.create_task(poll())
-        replay = asyncio.create_task(_replay(client, prompts, finished))
+        replay = asyncio.create_task(_replay(client, prompts, finished, replies_seen))
         started = time.monotonic()
-        deadline = started + kill_after if watch is None else started + 2.0 * replay_s + 1.0
-        while time.monotonic() < deadline and not (watch is not None and watch.hit.is_set()):
-            await asyncio.sleep(0.0005 if watch is not None else 0.005)
+        while len(replies_seen) < after_replies and not replay.done():
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(delay_s)
+        if watch is not None:  # then the next write or compaction, or give up a replay after the end
+            watch.armed.set()
+            end = None
+            while not watch.hit.is_set():
+                if replay.done():
+                    end = end or time.monotonic()
+                    if time.monotonic() > end + replay_s:
+                        break
+                await asyncio.sleep(0.0005)
         if mode == "mid-stop":
             server.process.send_signal(signal.SIGTERM)
             await asyncio.sleep(rng.uniform(0.0, 0.3))
