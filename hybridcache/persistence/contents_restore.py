@@ -19,6 +19,7 @@ import msgspec
 import xxhash
 
 from hybridcache.cache import events as ev
+from hybridcache.cache.errors import EventRejected
 from hybridcache.cache.host_eviction import plan_revalue
 from hybridcache.cache.ids import ROOT_NODE
 from hybridcache.persistence.contents_file import ContentsRead
@@ -48,6 +49,7 @@ class RestoreCounts(msgspec.Struct, kw_only=True):
     unreachable: int = 0
     out_of_range: int = 0
     released_blocks: int = 0  # verified blocks that no restored snapshot needed
+    inconsistent: int = 0  # verified entries the index refused (a key listed twice): dropped, not fatal
     torn_bytes: int = 0  # bytes of the contents file after its last intact frame
     verified_bytes: int = 0
     seconds: float = 0.0
@@ -60,7 +62,8 @@ class RestoreCounts(msgspec.Struct, kw_only=True):
             f"snapshots ({self.restored_superseded} superseded) and "
             f"{self.restored_blocks}/{self.listed_blocks} blocks; dropped {self.mismatched} that failed "
             f"their checksum, {self.unreachable} unreachable, {self.out_of_range} outside the host tier, "
-            f"{self.released_blocks} blocks no snapshot needs, a torn tail of {self.torn_bytes} bytes; "
+            f"{self.released_blocks} blocks no snapshot needs, {self.inconsistent} inconsistent, "
+            f"a torn tail of {self.torn_bytes} bytes; "
             f"verified {self.verified_bytes / 2**20:.1f} MiB in {self.seconds:.2f} s ({rate:.0f} MiB/s)"
         )
 
@@ -119,7 +122,11 @@ class _Restorer:
             if block.parent not in self.node_ids:
                 counts.unreachable += 1
             elif self._verified((block.slab,), block.checksum):
-                self._load_block(block)
+                try:
+                    self._load_block(block)
+                except EventRejected:  # validated before any mutation: the index is unchanged
+                    self.counts.inconsistent += 1
+                    self._used_slabs.discard(block.slab)
         loaded = []
         for image, tail in entries.snapshots:
             if image.anchor not in self.node_ids:
@@ -127,7 +134,10 @@ class _Restorer:
                 continue
             tail_ok = tail is None or self._verified((tail.slab,), tail.checksum)
             if tail_ok and self._verified(image.slabs, image.checksum):
-                loaded.append(self._load_snapshot(image, tail))
+                try:
+                    loaded.append(self._load_snapshot(image, tail))
+                except EventRejected:
+                    self.counts.inconsistent += 1
         self._release_unused_blocks()
         index = self.cache.index
         live = [index.snapshots[s] for s in loaded]

@@ -8,10 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
+import msgspec
+
 from hybridcache.cache.match import PromptInput
 from hybridcache.core.frontend import Frontend
 from hybridcache.persistence.cache_dir import contents_path, slabs_path
-from hybridcache.persistence.contents_file import read_contents
+from hybridcache.persistence.contents_file import encode_records, read_contents
 from tests.core.engine_kit import filler_tokens, generate, start_engine
 
 
@@ -141,7 +143,7 @@ async def test_a_copy_taken_while_serving_restores_what_had_become_durable(
         first_turn, cold = await _three_turn_chat(engine, frontend)
         repeat = frontend.prepare_tokens(first_turn)
         quoted = _quote(engine, repeat)
-        for _ in range(500):  # the last write-through lands, then its batch is made durable
+        for _ in range(3000):  # the last write-through lands, then its batch is made durable
             if engine.stats()["cache_dir_durable_seq"] == engine.cache.index.seq:
                 break
             await asyncio.sleep(0.01)
@@ -174,4 +176,26 @@ async def test_compaction_keeps_what_a_restart_gives_back(
     assert contents.tail_records <= max(4, 0.5 * contents.base_entries) + 64  # + one batch
     counts, after = await _restart_and_repeat(micro_checkpoint, directory, repeat)
     assert counts.restored_snapshots == counts.listed_snapshots and counts.mismatched == 0
+    assert after.accounting.reuse_tokens == quoted and after.tokens == cold.tokens
+
+
+async def test_a_block_listed_twice_is_dropped_not_fatal(micro_checkpoint: Path, tmp_path: Path):
+    """Two verified records for one key under one parent cannot both enter the index: the second is
+    counted inconsistent and dropped; the server still starts and serves the cold reply."""
+    directory = tmp_path / "cache"
+    repeat, cold, quoted = await _chat_then_stop(micro_checkpoint, directory)
+    contents = read_contents(contents_path(directory))
+    slab_bytes = contents.header.geometry.slab_bytes
+    original = next(b for b in contents.fold.blocks.values() if b.parent == 0)
+    spare = os.path.getsize(slabs_path(directory)) // slab_bytes - 1
+    with open(slabs_path(directory), "r+b") as stream:
+        stream.seek(original.slab * slab_bytes)
+        data = stream.read(slab_bytes)
+        stream.seek(spare * slab_bytes)
+        stream.write(data)
+    twin = msgspec.structs.replace(original, node=10**6, slab=spare)
+    with open(contents_path(directory), "ab") as stream:
+        stream.write(encode_records([twin]))
+    counts, after = await _restart_and_repeat(micro_checkpoint, directory, repeat)
+    assert counts.inconsistent == 1 and counts.mismatched == 0
     assert after.accounting.reuse_tokens == quoted and after.tokens == cold.tokens

@@ -185,7 +185,7 @@ def test_stores_are_hashed_synced_and_written_then_compacted_into_a_short_file(t
             slabs.memory[node] = node
             writer.append([PendingStore(block(node, node - 1, node, 0), (node,), (0,))])
             writer.append([SnapshotState(99, node, False)])  # names nothing: folds to nothing
-            assert writer.flush(5.0)
+            assert writer.flush(30.0)
         assert writer.compactions >= 1 and slabs.syncs >= 6
     finally:
         writer.close()
@@ -203,7 +203,7 @@ def test_a_store_whose_slab_was_reused_before_it_was_hashed_is_not_recorded(tmp_
     try:
         slabs.generations[3] = 2  # the worker reused slab 3 after the store saw generation 1
         writer.append([PendingStore(block(1, 0, 3, 0), (3,), (1,))])
-        assert writer.flush(5.0)
+        assert writer.flush(30.0)
         assert writer.stores_skipped == 1
     finally:
         writer.close()
@@ -221,7 +221,7 @@ def test_a_write_error_stops_the_writer_and_is_reported(tmp_path: Path):
     writer._sync_slabs = failing_sync
     try:
         writer.append([PendingStore(block(1, 0, 1, 0), (1,), (0,))])
-        assert writer.flush(5.0) is False
+        assert writer.flush(30.0) is False
         assert isinstance(writer.error, OSError)
     finally:
         writer.close()
