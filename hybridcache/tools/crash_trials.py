@@ -128,7 +128,8 @@ def _launch(settings: TrialSettings, directory: Path, compact: bool = False) -> 
         env["HYBRIDCACHE_COMPACT_TAIL_RATIO"] = "0.25"
         env["HYBRIDCACHE_COMPACTION_PAUSE_S"] = "0.05"  # a window the watcher can see and kill in
     started = time.monotonic()
-    server = ServeProcess.launch_argv(argv, startup_timeout_s=300, env=env)
+    # A real failed start exits at once (its stderr closes); the long limit only covers a paused machine.
+    server = ServeProcess.launch_argv(argv, startup_timeout_s=1800, env=env)
     return server, time.monotonic() - started
 
 
