@@ -54,6 +54,8 @@ async def _run(preset: str, conversations: int, turns: int, turn_tokens: int, fo
 
     ratios, seconds = [], {"plain": 0.0, "durable": 0.0}
     try:
+        for target in (plain, durable):  # the process's and each engine's first forward are not timed
+            await timed(target, [40 + i % 50 for i in range(turn_tokens)])
         for c in range(conversations):
             history: list[int] = []
             for t in range(turns):
