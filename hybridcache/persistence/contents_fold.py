@@ -60,7 +60,10 @@ class ContentsFold:
         self.records_applied += 1
         if isinstance(record, BlockStored):
             self.blocks[record.node] = record
-            if self._parent.get(record.node) is None:
+            previous = self._parent.get(record.node)
+            if previous != record.parent:  # a node's parent never changes; the latest record wins
+                if previous is not None:
+                    self._unlink(record.node, previous)
                 self._parent[record.node] = record.parent
                 self._children.setdefault(record.parent, set()).add(record.node)
         elif isinstance(record, ImageStored):
@@ -86,6 +89,13 @@ class ContentsFold:
         elif isinstance(record, BaseEnd):
             pass
 
+    def _unlink(self, node: int, parent: int) -> None:
+        siblings = self._children.get(parent)
+        if siblings is not None:
+            siblings.discard(node)
+            if not siblings:
+                del self._children[parent]
+
     def _unanchor(self, image: ImageStored) -> None:
         anchored = self._anchored.get(image.anchor)
         if anchored is not None:
@@ -103,11 +113,7 @@ class ContentsFold:
         stack = [top]
         parent = self._parent.pop(top, None)
         if parent is not None:
-            siblings = self._children.get(parent)
-            if siblings is not None:
-                siblings.discard(top)
-                if not siblings:
-                    del self._children[parent]
+            self._unlink(top, parent)
         while stack:
             node = stack.pop()
             self.blocks.pop(node, None)
