@@ -16,6 +16,7 @@ from hybridcache.persistence.contents_records import (
     BlockStored,
     ContentsRecord,
     ImageStored,
+    NodeLinked,
     NodeRemoved,
     SnapshotRemoved,
     SnapshotState,
@@ -60,12 +61,9 @@ class ContentsFold:
         self.records_applied += 1
         if isinstance(record, BlockStored):
             self.blocks[record.node] = record
-            previous = self._parent.get(record.node)
-            if previous != record.parent:  # a node's parent never changes; the latest record wins
-                if previous is not None:
-                    self._unlink(record.node, previous)
-                self._parent[record.node] = record.parent
-                self._children.setdefault(record.parent, set()).add(record.node)
+            self._link(record.node, record.parent)
+        elif isinstance(record, NodeLinked):
+            self._link(record.node, record.parent)
         elif isinstance(record, ImageStored):
             previous = self.images.get(record.snapshot)
             if previous is not None and previous.anchor != record.anchor:
@@ -88,6 +86,14 @@ class ContentsFold:
             self._remove_snapshot(record.snapshot)
         elif isinstance(record, BaseEnd):
             pass
+
+    def _link(self, node: int, parent: int) -> None:
+        previous = self._parent.get(node)
+        if previous != parent:  # a node's parent never changes; the latest record wins
+            if previous is not None:
+                self._unlink(node, previous)
+            self._parent[node] = parent
+            self._children.setdefault(parent, set()).add(node)
 
     def _unlink(self, node: int, parent: int) -> None:
         siblings = self._children.get(parent)
@@ -125,11 +131,14 @@ class ContentsFold:
             stack.extend(children)
 
     def base_records(self) -> Iterator[ContentsRecord]:
-        """The state as a base table: blocks, images, tails, then `BaseEnd`. Pure."""
+        """The state as a base table: the links of released nodes, blocks, images, tails, then `BaseEnd`.
+        Pure."""
+        links = [NodeLinked(node, parent) for node, parent in self._parent.items() if node not in self.blocks]
+        yield from links
         yield from self.blocks.values()
         yield from self.images.values()
         yield from self.tails.values()
-        yield BaseEnd(self.entries)
+        yield BaseEnd(len(links) + self.entries)
 
     def restorable(self) -> RestorableEntries:
         """Blocks reachable from the root through stored blocks (parents first, breadth first) and the

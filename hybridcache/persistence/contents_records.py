@@ -90,6 +90,14 @@ class BlockReleased(_Record, frozen=True):
     node: int
 
 
+class NodeLinked(_Record, frozen=True):
+    """Base tables only: ``node`` (whose block is not stored, its host copy released) lies under
+    ``parent``; its stored descendants hang on this link until a removal takes the subtree."""
+
+    node: int
+    parent: int
+
+
 class NodeRemoved(_Record, frozen=True):
     """The node, its whole subtree and every snapshot anchored there are gone."""
 
@@ -114,6 +122,7 @@ ContentsRecord = (
     | TailStored
     | SnapshotState
     | BlockReleased
+    | NodeLinked
     | NodeRemoved
     | SnapshotRemoved
     | BaseEnd
