@@ -17,7 +17,12 @@ import msgspec
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import derive_tap_options
 from hybridcache.cache.write_back import HostWrite
-from hybridcache.persistence.file_safety import UnsafeFileError, check_distinct_files, check_trusted_file
+from hybridcache.persistence.file_safety import (
+    UnsafeFileError,
+    check_distinct_files,
+    check_trusted_directory,
+    check_trusted_file,
+)
 
 DEFAULT_HOST_CACHE_MIB = 8192
 MAX_CONCURRENCY_LIMIT = 8
@@ -47,7 +52,8 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
-    host_write: HostWrite | None = None  # --host-write (default back; see cache/write_back.py)
+    host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
+    cache_dir: str | None = None  # --cache-dir (persistence/cache_dir.py)
     kv_events: str | None = None  # --kv-events tcp://HOST:PORT (publish the resumable cover to a router)
     kv_events_replay: str | None = None  # --kv-events-replay tcp://HOST:PORT (answer gap replays)
 
@@ -78,6 +84,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
+    cache_dir: str | None = None
     kv_events: str | None = None
     kv_events_replay: str | None = None
 
@@ -111,6 +118,7 @@ _CACHE_ONLY_FLAGS = {
     "prefix_cache_file": "--prefix-cache-file",
     "event_log": "--event-log",
     "host_write": "--host-write",
+    "cache_dir": "--cache-dir",
     "kv_events": "--kv-events",
     "kv_events_replay": "--kv-events-replay",
 }
@@ -139,6 +147,12 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         raise OptionError(
             "--prefix-cache-file", "needs a Host tier; it cannot be used with --host-cache-mib 0"
         )
+    if cache.cache_dir is not None and not host_tier:
+        raise OptionError("--cache-dir", "needs a Host tier; it cannot be used with --host-cache-mib 0")
+    if cache.cache_dir is not None and cache.prefix_cache_file is not None:
+        raise OptionError(
+            "--cache-dir", "replaces --prefix-cache-file (the directory is restored at start); give one"
+        )
     taps = derive_tap_options(
         options.prefill_chunk,
         host_tier,
@@ -149,6 +163,10 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
     slots = default_snapshot_slots(options.max_concurrency, host_tier)
     cache_file = _checked_file_path(cache.prefix_cache_file, "--prefix-cache-file", "prefix-cache file")
     event_log = _checked_file_path(cache.event_log, "--event-log", "event log")
+    cache_dir = _checked_directory_path(cache.cache_dir)
+    if cache_dir is not None and event_log is not None and Path(event_log).parent == Path(cache_dir):
+        raise OptionError("--event-log", f"must not be inside the cache directory {cache_dir}")
+    default_write = HostWrite.THROUGH if cache_dir is not None else HostWrite.BACK
     try:
         check_distinct_files(cache_file, event_log)
     except UnsafeFileError as error:
@@ -162,7 +180,8 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_min_gap_tokens=taps.min_gap_tokens,
         prefix_cache_file=cache_file,
         event_log=event_log,
-        host_write=HostWrite(cache.host_write or HostWrite.BACK),
+        host_write=HostWrite(cache.host_write or default_write),
+        cache_dir=cache_dir,
         kv_events=_checked_endpoint(cache.kv_events, "--kv-events"),
         kv_events_replay=_checked_endpoint(cache.kv_events_replay, "--kv-events-replay"),
     )
@@ -234,6 +253,29 @@ def _check_cache_fields(cache: CacheOptions) -> None:
         raise OptionError("--cache-tap-min-gap", "must not be negative")
     if cache.host_write is not None and cache.host_write not in list(HostWrite):
         raise OptionError("--host-write", f"must be back or through, not {cache.host_write!r}")
+
+
+def _checked_directory_path(path: str | None) -> str | None:
+    """Resolve ``--cache-dir`` to an absolute path: an existing directory, or a new one in an existing
+    parent (created 0700 when the engine starts); refused when another user could write it or its
+    files. Reads the file system only."""
+    if path is None:
+        return None
+    if not path:
+        raise OptionError("--cache-dir", "must not be empty")
+    resolved = Path(os.path.abspath(os.path.expanduser(path)))
+    if resolved.exists() and not resolved.is_dir():
+        raise OptionError("--cache-dir", f"{resolved} exists and is not a directory")
+    if not resolved.parent.is_dir():
+        raise OptionError("--cache-dir", f"the parent directory {resolved.parent} does not exist")
+    try:
+        check_trusted_directory(resolved, "cache directory")
+        for name in ("slabs", "contents", "lock"):
+            if resolved.is_dir():
+                check_trusted_file(resolved / name, f"cache-directory file {name}")
+    except UnsafeFileError as error:
+        raise OptionError("--cache-dir", str(error)) from None
+    return str(resolved)
 
 
 def _checked_file_path(path: str | None, flag: str, what: str) -> str | None:

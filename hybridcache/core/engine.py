@@ -35,6 +35,8 @@ from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
 from hybridcache.logs import Progress, get_logger
+from hybridcache.persistence.cache_dir import CacheDirectory
+from hybridcache.persistence.contents_writer import DEFAULT_COMPACT_MIN_TAIL
 from hybridcache.persistence.event_fanout import fan_out
 from hybridcache.persistence.event_sink import open_journal
 from hybridcache.persistence.fingerprint import make_fingerprint
@@ -90,6 +92,9 @@ class Engine:
         if options.cache.prefix_cache_file is not None:
             self._fingerprint = engine_fingerprint(self.model_dir, self.runtime, options)
             self._load_prefix_cache(options.cache.prefix_cache_file)
+        self.cache_dir: CacheDirectory | None = None
+        if options.cache.cache_dir is not None:
+            self._open_cache_dir(options.cache.cache_dir)
         self.debug_integrity = debug_integrity
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridcache-compute")
         self._ids = itertools.count(1)
@@ -134,9 +139,13 @@ class Engine:
                 self.cache.checkpoint()
                 self._close_journal()
         finally:
-            if self.kv_events is not None:
-                self.kv_events.close()
-            self.runtime.close()
+            try:
+                if self.kv_events is not None:
+                    self.kv_events.close()
+                if self.cache_dir is not None:  # every host write has landed: the last batch is written
+                    self.cache_dir.close()
+            finally:
+                self.runtime.close()
 
     def _close_journal(self) -> None:
         assert self.journal is not None
@@ -146,6 +155,19 @@ class Engine:
             log.error("%s (the journal ends before the stop)", error)
 
     # -- the prefix-cache file (§5.5) --------------------------------------------------------------
+    def _open_cache_dir(self, directory: str) -> None:
+        """Restore the host tier from the directory, then follow every host-tier change durably (the
+        directory's sink joins the event journal on the facade's event stream)."""
+        fingerprint = engine_fingerprint(self.model_dir, self.runtime, self.options)
+        self.cache_dir = CacheDirectory(
+            directory, self.cache, self.runtime.host_memory, fingerprint,
+            # crash trials (tools/crash_trials.py) compact often and widen the rename window:
+            compact_min_tail=int(os.environ.get("HYBRIDCACHE_COMPACT_MIN_TAIL", DEFAULT_COMPACT_MIN_TAIL)),
+            compaction_pause_s=float(os.environ.get("HYBRIDCACHE_COMPACTION_PAUSE_S", 0.0)),
+            compact_tail_ratio=float(os.environ.get("HYBRIDCACHE_COMPACT_TAIL_RATIO", 2.0)),
+        )
+        self.cache.journal = fan_out(self.journal, self.cache_dir.sink, self.kv_events)
+
     def _load_prefix_cache(self, path: str) -> None:
         size = os.path.getsize(path) if os.path.isfile(path) else 0
         progress = Progress(log, "loading prefix cache", size, unit="bytes")
@@ -223,7 +245,10 @@ class Engine:
             **device_counts(index),
             **self._journal_stats(),
             **(KV_EVENTS_OFF_STATS if self.kv_events is None else self.kv_events.stats()),
+            "cache_event_seq": index.seq,
         }
+        if self.cache_dir is not None:
+            stats.update(self.cache_dir.stats())
         if worker is not None:
             stats.update(worker.counters.as_dict())
         hedges = () if worker is None else worker.hedge_snapshots

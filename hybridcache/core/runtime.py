@@ -18,8 +18,10 @@ from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
 from hybridcache.gpu.model import Qwen35Model, cpu_kernels, load_model
 from hybridcache.gpu.model.loader import stored_dtype
+from hybridcache.gpu.slab_file import MappedSlabFile
 from hybridcache.gpu.transfers import Transfers
 from hybridcache.logs import format_bytes
+from hybridcache.persistence.cache_dir import slabs_path
 
 DEFAULT_CONTEXT = 32768
 CPU_KV_SHARE = 0.25  # --kv-capacity auto on a CPU device: at most this share of physical memory
@@ -78,7 +80,11 @@ class ModelRuntime:
         self.backend = CpuBackend()
         pool = HostSlabPool(self.slab_bytes, max(cache.host_cache_bytes, self.slab_bytes))
         allocate = pinned_allocator if self.device.type == "cuda" else cpu_allocator
-        self.host_memory = HostSlabMemory(pool, allocate)
+        self.slab_file = None
+        if cache.cache_dir is not None:  # the host tier lives in the directory's slab file
+            os.makedirs(cache.cache_dir, mode=0o700, exist_ok=True)
+            self.slab_file = MappedSlabFile(slabs_path(cache.cache_dir), pool.num_slabs * pool.slab_bytes)
+        self.host_memory = HostSlabMemory(pool, allocate, self.slab_file)
         if cache.host_tier:
             self.host_memory.chunk(0)  # a failed host allocation is a startup error naming its size
         self.transfers = Transfers(self.kv, self.states, self.host_memory)
@@ -129,3 +135,5 @@ class ModelRuntime:
 
     def close(self) -> None:
         self.backend.close()
+        if self.slab_file is not None:
+            self.slab_file.close()

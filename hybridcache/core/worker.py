@@ -657,8 +657,9 @@ class Worker:
                 request.fail(unavailable)
         for lane in list(self.lanes.values()):
             self._finish(lane, "cancelled", error=unavailable)
-        if self.engine.options.cache.prefix_cache_file is not None:  # the save reads host copies only
-            self._write_to_host(self.cache.flush_to_host())
+        cache_options = self.engine.options.cache
+        if cache_options.prefix_cache_file is not None or cache_options.cache_dir is not None:
+            self._write_to_host(self.cache.flush_to_host())  # what persists is what the host tier holds
 
     def _fail_everything(self, error: RequestError) -> None:
         self.stopping = True

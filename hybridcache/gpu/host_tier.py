@@ -15,6 +15,7 @@ import torch
 
 from hybridcache.cache.ids import SlabId
 from hybridcache.cache.slab_pool import HostSlabPool, SlabLocation
+from hybridcache.gpu.slab_file import MappedSlabFile
 
 
 class HostAllocationError(MemoryError):
@@ -34,12 +35,19 @@ def pinned_allocator(nbytes: int) -> torch.Tensor:
 
 class HostSlabMemory:
     """The Host tier's bytes. `chunk(i)` allocates chunk i on first use (mutates; may raise
-    HostAllocationError naming the size)."""
+    HostAllocationError naming the size). With `mapped_file` the chunks are mappings of that file (chunk
+    i at its first slab's offset) instead of anonymous memory."""
 
-    def __init__(self, pool: HostSlabPool, allocate: Allocator = cpu_allocator) -> None:
+    def __init__(
+        self,
+        pool: HostSlabPool,
+        allocate: Allocator = cpu_allocator,
+        mapped_file: MappedSlabFile | None = None,
+    ) -> None:
         self.pool = pool
         self.slab_bytes = pool.slab_bytes
         self._allocate = allocate
+        self.mapped_file = mapped_file
         self._chunks: list[torch.Tensor | None] = [None] * pool.num_chunks
 
     @property
@@ -53,8 +61,11 @@ class HostSlabMemory:
             return existing
         nbytes = self.pool.chunk_size_bytes(index)
         try:
-            created = self._allocate(nbytes)
-        except (RuntimeError, MemoryError) as error:
+            if self.mapped_file is not None:
+                created = self.mapped_file.map(index * self.pool.slabs_per_chunk * self.slab_bytes, nbytes)
+            else:
+                created = self._allocate(nbytes)
+        except (RuntimeError, MemoryError, OSError) as error:
             raise HostAllocationError(
                 f"could not allocate {nbytes >> 20} MiB of host slab memory (chunk {index}): {error}"
             ) from error
@@ -65,6 +76,10 @@ class HostSlabMemory:
         """Chunk `index` as a writable byte memoryview, for reading a file straight into slab memory
         (`readinto`/`preadv`). Allocates the chunk on first use, like `chunk()`."""
         return memoryview(self.chunk(index).numpy()).cast("B")
+
+    def slab_bytes_view(self, slab: SlabId) -> memoryview:
+        """The slab's bytes as a read-only buffer (hashing; allocates its chunk if needed)."""
+        return memoryview(self.slab_view(slab).numpy()).cast("B").toreadonly()
 
     def location(self, slab: SlabId) -> SlabLocation:
         return self.pool.location(slab)

@@ -48,6 +48,7 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("tap_min_gap_tokens", cache.tap_min_gap_tokens),
         ("prefix_cache_file", cache.prefix_cache_file or "none"),
         ("event_log", cache.event_log or "none"),
+        ("cache_dir", cache.cache_dir or "none"),
         ("host_write", cache.host_write if cache.host_tier else "off"),
         ("api_keys", len(server.api_keys)),
         ("default_max_tokens", server.default_max_tokens),

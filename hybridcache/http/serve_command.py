@@ -127,6 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cache.add_argument("--event-log", default=None, help="append every cache event to this journal")
     cache.add_argument(
+        "--cache-dir",
+        default=None,
+        help="keep the Host tier in this directory, durable as it fills: restored after a stop or a crash "
+        "(replaces --prefix-cache-file; implies --host-write through unless given)",
+    )
+    cache.add_argument(
         "--host-write",
         choices=[mode.value for mode in HostWrite],
         default=None,
@@ -193,6 +199,7 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             tap_min_gap_tokens=args.cache_tap_min_gap,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
+            cache_dir=args.cache_dir,
             host_write=args.host_write,
             kv_events=args.kv_events,
             kv_events_replay=args.kv_events_replay,

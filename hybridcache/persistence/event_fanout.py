@@ -1,7 +1,9 @@
-"""One event stream, several sinks: the facade appends each applied event to every subscriber."""
+"""One event stream, several sinks (the event journal, the cache directory, the KV-event publisher): the
+facade appends each applied event to every subscriber, in order, on the worker."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from hybridcache.cache.events import CacheEvent
@@ -12,10 +14,10 @@ class EventSink(Protocol):
 
 
 class EventFanOut:
-    """Looks like the facade's `journal` list; `append` hands the event to each sink in order."""
+    """Looks like the facade's `journal`; `append` hands the event to each sink in order."""
 
-    def __init__(self, sinks: list[EventSink]) -> None:
-        self.sinks = sinks
+    def __init__(self, sinks: Sequence[EventSink]) -> None:
+        self.sinks = tuple(sinks)
 
     def append(self, event: CacheEvent) -> None:
         for sink in self.sinks:

@@ -64,6 +64,33 @@ def check_trusted_file(path: str | os.PathLike[str], what: str) -> None:
                               f"(mode {stat.S_IMODE(info.st_mode):04o}); run chmod 600 on it")
 
 
+def check_trusted_directory(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse a directory the server keeps files in (``--cache-dir``) when another user could write
+    into it: it (if it exists) must be a directory owned by this user and not group- or world-writable
+    (sticky or not: another user could plant a missing file); its parent must be owned by this user or
+    root and not writable by others unless sticky. Reads only. Raises UnsafeFileError."""
+    target = Path(path)
+    me = os.geteuid()
+    parent = os.stat(target.parent)
+    if parent.st_uid not in (me, 0) or (parent.st_mode & _OTHERS_WRITE and not parent.st_mode & stat.S_ISVTX):
+        raise UnsafeFileError(f"the directory {target.parent} holding the {what} is owned or writable by "
+                              f"another user (uid {parent.st_uid}, mode {stat.S_IMODE(parent.st_mode):04o})")
+    try:
+        link = os.lstat(target)
+        info = os.stat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise UnsafeFileError(f"the {what} {target} is a symlink owned by another user (uid {link.st_uid})")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFileError(f"the {what} {target} is not a directory")
+    if info.st_uid != me:
+        raise UnsafeFileError(f"the {what} {target} is owned by another user (uid {info.st_uid})")
+    if info.st_mode & _OTHERS_WRITE:
+        raise UnsafeFileError(f"the {what} {target} is group- or world-writable "
+                              f"(mode {stat.S_IMODE(info.st_mode):04o}); run chmod 700 on it")
+
+
 def journal_names(event_log: str | os.PathLike[str]) -> re.Pattern[str]:
     """The file names the journal at `event_log` uses in its directory: PATH and its rotations PATH.<n>."""
     return re.compile(re.escape(Path(event_log).name) + r"(\.\d+)?")

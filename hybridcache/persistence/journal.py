@@ -185,11 +185,11 @@ class JournalWriter:
     def _fail(self, error: BaseException) -> None:
         """Record a write error and report it at once (on the writer thread)."""
         first = self._error is None
-        self.write_errors += 1
-        if first:
-            self._error = error
+        if first:  # logged before it is counted: whoever sees the count finds the line already written
             log.error("event journal %s: write failed: %s; journaling stopped (later events are not "
                       "recorded; the cache keeps serving)", self.path, error)
+            self._error = error
+        self.write_errors += 1
         if self._on_error is not None:
             self._on_error(error)
 

@@ -1,8 +1,11 @@
-"""Inspect a prefix-cache file (--prefix-cache-file): header and fingerprint, host geometry, counts and
-bytes by kind, a block depth histogram and the snapshot table; --tree shows the block tree with chains
-collapsed, --verify checks every checksum (exit 1 on damage, naming the first bad offset), --json prints
-the summary for scripts, --plot draws the host-tier composition and the snapshots' frontier/size, and
---decode shows a snapshot's tail or a block's tokens (as text with --tokenizer). Never loads torch.
+"""Inspect a prefix-cache file (--prefix-cache-file) or a cache directory (--cache-dir: its contents
+journal folded and every restorable entry verified, see tools/inspect_dir.py).
+
+A file: header and fingerprint, host geometry, counts and bytes by kind, a block depth histogram and the
+snapshot table; --tree shows the block tree with chains collapsed, --verify checks every checksum (exit 1
+on damage, naming the first bad offset), --json prints the summary for scripts, --plot draws the host-
+tier composition and the snapshots' frontier/size, and --decode shows a snapshot's tail or a block's
+tokens (as text with --tokenizer). Never loads torch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import msgspec
 from hybridcache.persistence.cache_file import CacheFileError, CacheFileTables, open_tables
 from hybridcache.persistence.file_summary import FileSummary, SnapshotRow, kind_name, summarize, verify_file
 from hybridcache.persistence.file_tree import FILE_ROOT, FileTree
+from hybridcache.tools.inspect_dir import inspect_directory
 from hybridcache.tools.inspect_plot import plot_summary
 
 _TABLE_HEADER = (
@@ -44,7 +48,7 @@ the snapshot table, one row per recurrent-state snapshot in the file:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = COLUMNS_HELP
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("file", type=Path, help="the prefix-cache file")
+    parser.add_argument("file", type=Path, help="the prefix-cache file, or a cache directory (--cache-dir)")
     parser.add_argument("--sort", choices=SORT_KEYS, default="frontier", help="snapshot table order")
     parser.add_argument("--reverse", action="store_true", help="sort descending")
     parser.add_argument("--tree", action="store_true", help="show the block tree, chains collapsed")
@@ -58,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.file.is_dir():  # a cache directory: its contents are always verified
+        return inspect_directory(args.file, args.json)
     if args.verify:
         return _verify(args.file, args.json)
     try:

@@ -4,7 +4,8 @@ journal of a crashed process (a torn tail is reported; everything before it repl
 there and prints the state, --stats prints counts over time, --find-violation reports the first event
 after which an invariant fails (with the event and the invariant), --json prints the result for scripts.
 Exit status: 0 when the journal is a valid history (a torn tail allowed), 1 otherwise, 2 when it cannot
-be replayed at all.
+be replayed at all. Given a cache directory (--cache-dir), it folds the directory's contents journal and
+verifies every entry a restart could restore instead (tools/inspect_dir.py).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import msgspec
 
 from hybridcache.persistence.journal import JournalError
 from hybridcache.persistence.replay_fold import ReplayError, ReplayResult, replay_journal
+from hybridcache.tools.inspect_dir import replay_directory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("log", type=Path, help="the journal path (rotated PATH.<n> segments are read too)")
+    parser.add_argument(
+        "log", type=Path,
+        help="the journal path (rotated PATH.<n> segments are read too), or a cache directory (--cache-dir)",
+    )
     parser.add_argument("--until", type=int, metavar="SEQ", help="stop after event SEQ and print the state")
     parser.add_argument("--stats", action="store_true", help="print counts over time")
     parser.add_argument("--stats-every", type=int, default=1000, metavar="N", help="events per stats row")
@@ -38,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.log.is_dir():  # a cache directory: fold its contents journal and verify what it names
+        return replay_directory(args.log, args.json)
     try:
         result = replay_journal(
             args.log,
