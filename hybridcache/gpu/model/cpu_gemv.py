@@ -63,7 +63,7 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     n, k = weight.shape
     out = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
     if bias is not None:
-        bias = bias.contiguous()
+        bias = bias.to(torch.bfloat16).contiguous()  # the kernel reads bf16 (the model's biases are)
     cpu_kernels.library().hc_packed_gemv_bf16(
         x.data_ptr(), x.stride(0), x.shape[0], address,
         bias.data_ptr() if bias is not None else None,
@@ -101,8 +101,6 @@ def packed_layout(n: int, k: int) -> int | None:
         (ctypes.c_uint8 * size).from_address(int(torch.ops.mkldnn.data_ptr(packed))), dtype=torch.int16
     )
     return padded_columns if torch.equal(raw, expected.reshape(-1)) else None
-
-
 
 
 @functools.cache
