@@ -50,6 +50,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_new_taps: int | None = None  # --cache-taps-per-request
     tap_ladder_tokens: int | None = None  # --cache-tap-ladder
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
+    hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
@@ -81,6 +82,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_new_taps: int
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
+    hedges: bool = True
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
@@ -178,6 +180,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         max_new_taps=taps.max_new_taps,
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
+        hedges=cache.hedges,
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or default_write),

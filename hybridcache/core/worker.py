@@ -106,6 +106,7 @@ class Worker:
             max_new_taps=cache_options.max_new_taps,
             ladder_tokens=cache_options.tap_ladder_tokens,
             min_gap_tokens=cache_options.tap_min_gap_tokens,
+            hedges=cache_options.hedges,
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()

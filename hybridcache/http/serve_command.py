@@ -177,6 +177,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="minimum gap around ladder taps in tokens (default max(1024, chunk))",
     )
+    cache.add_argument(
+        "--no-cache-hedges",
+        action="store_true",
+        help="take no hedge snapshots a few hundred to 2,048 tokens before each prompt end (each costs "
+        "one state image of host memory)",
+    )
 
 
 def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -197,6 +203,7 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             max_new_taps=args.cache_taps_per_request,
             tap_ladder_tokens=args.cache_tap_ladder,
             tap_min_gap_tokens=args.cache_tap_min_gap,
+            hedges=not args.no_cache_hedges,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
             cache_dir=args.cache_dir,

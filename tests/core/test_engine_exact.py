@@ -132,3 +132,29 @@ async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_e
     assert resumed.accounting.reuse_tokens == 1088  # without the hedge: the root (no ladder this short)
     assert hedge_bytes > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, edited, dtype))
+
+
+async def test_without_hedges_only_the_tail_is_taken_inside_the_pass(
+    micro_checkpoint: Path, frontend: Frontend
+):
+    engine = await start_engine(
+        micro_checkpoint, chunk=2048, host_cache_mib=64, device_snapshot_slots=6, hedges=False
+    )
+    try:
+        await generate(engine, frontend.prepare_tokens(filler_tokens(1400, seed=35)), 1)
+        stats = engine.stats()
+    finally:
+        await engine.stop()
+    assert stats["snapshot_taps_in_pass"] == 1  # the prompt tail at 1344; no hedge at 1088, 832 or 320
+    assert stats["host_tier_hedge_snapshot_bytes"] == 0
+
+
+def test_the_serve_flag_turns_hedges_off():
+    import argparse
+
+    from hybridcache.http.serve_command import add_arguments, engine_options_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert engine_options_from_args(parser.parse_args([])).cache.hedges
+    assert not engine_options_from_args(parser.parse_args(["--no-cache-hedges"])).cache.hedges
