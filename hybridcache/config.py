@@ -51,6 +51,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int | None = None  # --cache-tap-ladder
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
+    device_snapshot_copies: bool | None = None  # keep host-backed snapshots' device copies; None: not on CPUs
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
@@ -83,6 +84,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
     hedges: bool = True
+    device_snapshot_copies: bool | None = None  # None: resolved by the runtime from its device
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
@@ -181,6 +183,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
         hedges=cache.hedges,
+        device_snapshot_copies=cache.device_snapshot_copies,
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or default_write),

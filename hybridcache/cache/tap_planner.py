@@ -23,7 +23,11 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
                    values it by the few hundred tokens it saves over the snapshot above it (a low density:
                    they are the first snapshots to go under host pressure), the deepest one is superseded
                    by the prompt tail and the endpoint taken after it, and the next request of the
-                   conversation hedges near its own end.
+                   conversation hedges near its own end. Only a prompt that resumes from the cache
+                   (base > 0) is hedged: one that shares nothing with what the cache holds belongs to no
+                   conversation it knows yet (a one-off or batch prompt), and its hedges (up to four state
+                   images, 20 MB each on `small`, resident memory on a CPU) would pay only for an edit of
+                   its last message. Its tail is still taken, and its next turn, resumed, hedges.
     6 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
 
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
@@ -216,7 +220,7 @@ def plan_taps(
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_tail(tail)
-    for candidate in _hedge_candidates(n, base, spans) if options.hedges else ():
+    for candidate in _hedge_candidates(n, base, spans) if options.hedges and base > 0 else ():
         planner.offer_near(candidate)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
         planner.offer_ladder(candidate)

@@ -85,6 +85,7 @@ class Engine:
             CacheCostModel.default(),
             journal=fan_out(self.journal, self.kv_events),
             host_write=options.cache.host_write,
+            keep_backed_device_images=self.runtime.keep_device_snapshot_copies,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
         self.save_finished = threading.Event()

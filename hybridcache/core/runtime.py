@@ -61,6 +61,8 @@ class ModelRuntime:
             trim()  # packing freed a transient copy of every weight; give those pages back
         self.max_model_len = options.max_model_len or model_context_length(model_dir)
         cache = options.cache
+        copies = cache.device_snapshot_copies
+        self.keep_device_snapshot_copies = self.device.type != "cpu" if copies is None else copies
         self.num_slots = options.max_concurrency + cache.device_snapshot_slots
         self.states = self.model.new_state_slots(self.num_slots)
         probe = self.model.new_kv_pools(1)
@@ -122,6 +124,12 @@ class ModelRuntime:
                 f"{format_bytes(self.num_pages * self.page_bytes)} budget{committed}",
             ),
             ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)} budget{committed}"),
+            (
+                "device_snapshot_copies",
+                "kept beside their host images"
+                if self.keep_device_snapshot_copies
+                else "dropped once the host image lands (slots and host slabs are the same memory here)",
+            ),
             ("host_slab", format_bytes(self.slab_bytes)),
         ]
 

@@ -14,13 +14,10 @@ changes and decode runs as before.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import sys
+from hybridcache.gpu import madvise
+from hybridcache.gpu.madvise import MADV_COLLAPSE, MADV_HUGEPAGE, inner_pages
 
 HUGE_PAGE_BYTES = 2 << 20
-MADV_HUGEPAGE = 14
-MADV_COLLAPSE = 25
 
 
 class HugePages:
@@ -30,40 +27,21 @@ class HugePages:
     refused = 0
 
 
-def _madvise():
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        function = ctypes.CDLL(name, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-_MADVISE = _madvise()
-
-
 def aligned_middle(address: int, nbytes: int) -> tuple[int, int]:
     """The whole 2 MiB pages inside [address, address + nbytes): (start, length), length 0 if none. Pure."""
-    start = -(-address // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-    end = (address + nbytes) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
-    return start, max(end - start, 0)
+    return inner_pages(address, nbytes, HUGE_PAGE_BYTES)
 
 
 def collapse(address: int, nbytes: int) -> int:
     """Move the written bytes at [address, address + nbytes) onto huge pages where the kernel can; returns
     how many bytes moved (0 when none could). The bytes' values do not change."""
     start, length = aligned_middle(address, nbytes)
-    if _MADVISE is None or length == 0:
+    call = madvise.MADVISE
+    if call is None or length == 0:
         return 0
     # MADV_HUGEPAGE first, so the range stays eligible (khugepaged and later faults keep it huge).
-    _MADVISE(start, length, MADV_HUGEPAGE)
-    if _MADVISE(start, length, MADV_COLLAPSE) != 0:
+    call(start, length, MADV_HUGEPAGE)
+    if call(start, length, MADV_COLLAPSE) != 0:
         HugePages.refused += 1
         return 0
     HugePages.collapsed_bytes += length

@@ -20,7 +20,7 @@ import torch
 
 from hybridcache.cache.ids import SlotId
 from hybridcache.gpu.kv_pool import check_byte_buffer, flat_bytes
-from hybridcache.gpu.zeroed_memory import zeroed
+from hybridcache.gpu.zeroed_memory import release_pages, zeroed
 
 
 class ImagePart(NamedTuple):
@@ -113,6 +113,11 @@ class StateSlots:
         with torch.inference_mode():
             for plane in self.planes():
                 plane[slot].zero_()
+
+    def release_pages(self, slot: SlotId) -> int:
+        """Give the memory of the free slot `slot` back to the system where it is whole pages (a CPU); the
+        slot reads as zeros afterwards. Returns the bytes released."""
+        return sum(release_pages(plane[slot]) for plane in self.planes())
 
     def copy_slot(self, src: SlotId, dst: SlotId) -> None:
         """Copy slot `src` into `dst`. Mutates `dst`."""

@@ -339,7 +339,7 @@ def test_plain_position_kind_pairs_from_the_frontend_plan_like_hints():
 
 def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_pass():
     n = 11_341  # trace_0291 request 21: it shares 11,136 tokens with an earlier prompt
-    taps = plan_taps(n, 0, [], [], options(hedges=True))
+    taps = plan_taps(n, 64, [], [], options(hedges=True))  # resumed after its first block
     hedges = [t.position for t in taps if t.source == TapSource.HEDGE]
     assert hedges == [9280, 10304, 10816, 11072]  # n-2048, n-1024, n-512, n-256, each floored to 64
     assert all(t.placement == Placement.INNER and not t.boundary for t in taps if t.source == TapSource.HEDGE)
@@ -354,8 +354,17 @@ def test_hedges_lie_past_the_base_and_never_within_64_tokens_after_the_base_or_a
     hedged = options(hedges=True)
     assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 960]  # n-256 -> 704; n-512 < base
     assert positions(plan_taps(1_000, 650, [], [], hedged)) == [960]  # 704 is within 64 of the base
-    assert positions(plan_taps(1_000, 0, [], [700], hedged)) == [448, 960]  # 704 beside a snapshot at 700
-    assert positions(plan_taps(200, 0, [], [], hedged)) == [192]  # too short for any hedge
+    assert positions(plan_taps(1_000, 64, [], [700], hedged)) == [448, 960]  # 704 beside a snapshot at 700
+    assert positions(plan_taps(200, 64, [], [], hedged)) == [192]  # too short for any hedge
+
+
+def test_a_prompt_that_resumes_nothing_is_not_hedged_and_keeps_its_tail():
+    hedged = options(hedges=True)
+    assert positions(plan_taps(11_341, 0, [], [], hedged)) == [3136, 7232, 11_328]  # ladder and tail
+    assert sources(plan_taps(11_341, 0, [], [], hedged)) == [
+        TapSource.LADDER, TapSource.LADDER, TapSource.PROMPT_TAIL
+    ]
+    assert TapSource.HEDGE in sources(plan_taps(11_341, 64, [], [], hedged))
 
 
 def test_without_a_host_tier_the_two_taps_go_to_structure_and_the_tail_not_to_hedges():

@@ -34,7 +34,7 @@ async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], max_t
 async def test_a_device_resume_matches_a_cold_run(micro_checkpoint: Path, frontend: Frontend):
     prompt = filler_tokens(900, seed=1)
     cold = await cold_run(micro_checkpoint, frontend, prompt)
-    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    engine = await start_engine(micro_checkpoint, host_cache_mib=64, device_snapshot_copies=True)
     try:
         first = await generate(engine, frontend.prepare_tokens(prompt), 8)
         assert first.accounting.source == "root"
@@ -120,5 +120,34 @@ async def test_an_edit_deep_in_history_resumes_from_the_deepest_ladder_tap(
         edited = [*history[:edit_at], 33, *history[edit_at + 1 :]]
         resumed = await generate(engine, frontend.prepare_tokens(edited), 2)
         assert resumed.accounting.reuse_tokens == max(f for f in taps if f <= edit_at)
+    finally:
+        await engine.stop()
+
+
+async def test_on_a_cpu_a_snapshot_keeps_one_copy_and_its_resume_from_the_host_is_exact(
+    micro_checkpoint: Path, frontend: Frontend
+):
+    """A CPU's snapshot slots and host slabs are one memory: once a snapshot's host image lands, its device
+    copy is dropped and the slot's pages are given back; the resume then reads the host image."""
+    prompt = filler_tokens(900, seed=3)
+    cold = await cold_run(micro_checkpoint, frontend, prompt)
+    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    assert not engine.runtime.keep_device_snapshot_copies  # the default on a CPU
+    released = []
+    release = engine.runtime.states.release_pages
+    engine.runtime.states.release_pages = lambda slot: released.append(slot) or release(slot)
+    try:
+        await generate(engine, frontend.prepare_tokens(prompt), 8)
+        await engine._worker.drain_transfers()
+        stats = engine.stats()
+        assert stats["prefix_cache_snapshots"] >= 1
+        assert stats["slots_snapshot"] == 0  # no device copy left beside the host images
+        assert stats["host_tier_bytes"]["snapshot_images"] > 0
+        assert released  # the freed slots' pages went back to the system
+        resumed = await generate(engine, frontend.prepare_tokens(prompt), 64)
+        assert resumed.accounting.source == "host"
+        assert resumed.accounting.reuse_tokens == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        assert resumed.tokens == cold.tokens
+        assert resumed.first_logprobs == cold.first_logprobs
     finally:
         await engine.stop()

@@ -1,4 +1,4 @@
-"""Moving written memory onto 2 MiB pages: the arithmetic of the range, values kept, refusals harmless."""
+"""Page advice: weights moved onto 2 MiB pages (values kept, refusals harmless), freed slots given back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import mmap
 import pytest
 import torch
 
-from hybridcache.gpu import huge_pages
+from hybridcache.gpu import madvise
 from hybridcache.gpu.huge_pages import HUGE_PAGE_BYTES, HugePages, aligned_middle, collapse
 
 MIB = 1 << 20
@@ -50,13 +50,28 @@ def test_a_refusal_changes_nothing(monkeypatch):
         calls.append(advice)
         return -1
 
-    monkeypatch.setattr(huge_pages, "_MADVISE", refuse)
+    monkeypatch.setattr(madvise, "MADVISE", refuse)
     refused, moved = HugePages.refused, HugePages.collapsed_bytes
     assert collapse(0, 8 * MIB) == 0
-    assert calls == [huge_pages.MADV_HUGEPAGE, huge_pages.MADV_COLLAPSE]
+    assert calls == [madvise.MADV_HUGEPAGE, madvise.MADV_COLLAPSE]
     assert HugePages.refused == refused + 1 and HugePages.collapsed_bytes == moved
 
 
 def test_without_madvise_nothing_is_tried(monkeypatch):
-    monkeypatch.setattr(huge_pages, "_MADVISE", None)
+    monkeypatch.setattr(madvise, "MADVISE", None)
     assert collapse(0, 8 * MIB) == 0
+
+
+def test_a_released_slot_reads_zeros_and_its_neighbours_keep_their_state():
+    from hybridcache.gpu.state_slots import StateShape, StateSlots
+
+    # recurrent planes of 3 x 512 KiB: mapped memory (zeroed_memory), so each slot is whole pages
+    shape = StateShape(conv_dim=64, conv_width=3, value_heads=8, key_head_dim=64, value_head_dim=256)
+    slots = StateSlots([0, 1], 3, shape, torch.float32)
+    for plane in slots.planes():
+        plane.fill_(1.5)
+    released = slots.release_pages(1)
+    assert released >= 2 * 8 * 64 * 256 * 4  # at least the two recurrent planes' share of slot 1
+    for plane in slots.recurrent_planes:
+        assert torch.count_nonzero(plane[1]) == 0
+        assert torch.all(plane[0] == 1.5) and torch.all(plane[2] == 1.5)
