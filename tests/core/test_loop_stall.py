@@ -1,0 +1,28 @@
+"""The loop-stall probe sees a blocking call on the event loop, and an idle loop reads as unstalled."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hybridcache.core.loop_stall import LoopStallMonitor
+
+
+async def test_a_blocking_call_on_the_loop_is_measured_as_a_stall():
+    monitor = LoopStallMonitor(interval_s=0.01)
+    monitor.start()
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # what a worker doing heavy bookkeeping on the loop would do
+    await asyncio.sleep(0.05)
+    await monitor.stop()
+    await monitor.stop()  # idempotent
+    stats = monitor.stats()
+    assert 0.25 <= stats["worker_stall_max_seconds"] < 5.0
+    assert stats["worker_stalls_over_100ms"] >= 1
+
+
+def test_short_lateness_is_recorded_but_not_counted_as_long():
+    monitor = LoopStallMonitor()
+    for late in (0.001, 0.02, 0.05):
+        monitor.record(late)
+    assert monitor.stats() == {"worker_stall_max_seconds": 0.05, "worker_stalls_over_100ms": 0}
