@@ -250,6 +250,7 @@ class Engine:
             **device_counts(index),
             **occupancy_counts(index),
             "worker_lanes_free": 0 if worker is None else len(worker.free_lanes),
+            "host_tier_fallback_chunks": self.runtime.host_memory.fallback_chunks,
             **self.loop_stalls.stats(),
             **self._journal_stats(),
             **(KV_EVENTS_OFF_STATS if self.kv_events is None else self.kv_events.stats()),

@@ -93,11 +93,12 @@ async def health(request: web.Request) -> web.Response:
     load balancers and Kubernetes probes (and vLLM's and SGLang's own /health contract) read any non-200
     as "take this replica out", but the server still serves every request correctly; the journal only
     records history. Monitoring sees the failure in the body and in
-    ``hybridcache:journal_write_errors_total``."""
+    ``hybridcache:journal_write_errors_total``. A cache directory that stopped making writes durable
+    (``cache_dir_error``: disk full) degrades it the same way: the cache still serves from memory."""
     stats = server_state(request).engine.stats()
     if stats.get("stopping", False):
         return web.json_response({"status": "stopping"}, status=503)
-    problems = [str(stats["journal_error"])] if stats.get("journal_error") else []
+    problems = [str(stats[key]) for key in ("journal_error", "cache_dir_error") if stats.get(key)]
     if problems:
         return web.json_response({"status": "degraded", "problems": problems})
     return web.json_response({"status": "ok"})

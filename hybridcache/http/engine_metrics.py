@@ -92,6 +92,8 @@ GAUGES = (
     Figure("lane_private_pages", "Device pages private to a running lane (0 when idle)."),
     Figure("restores_in_flight", "Host-to-device restore batches not yet landed."),
     Figure("host_slabs_used", "Host tier slabs in use."),
+    Figure("host_tier_fallback_chunks",
+           "Host tier chunks the allocator refused mid-run, held by an anonymous mapping instead."),
     Figure("cache_event_seq", "Sequence number of the last cache event applied."),
     Figure("cache_dir_durable_seq",
            "Event sequence up to which every landed host write is durable in the cache directory."),
