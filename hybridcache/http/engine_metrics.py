@@ -85,6 +85,9 @@ GAUGES = (
     Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),
     Figure("worker_stall_max_seconds",
            "The longest time the event loop (the worker's bookkeeping, every stream) was blocked."),
+    Figure("worker_stall_max_cpu_seconds",
+           "The event loop thread's CPU time during that longest stall (near it: code blocked the loop; "
+           "far below: the thread waited for the GIL or a CPU)."),
     Figure("worker_lanes_free", "Engine lanes free (all of them when no request runs)."),
     Figure("pinned_blocks", "Blocks pinned by a running request or a transfer (0 when idle)."),
     Figure("pinned_snapshots", "Snapshots pinned by an admission or a transfer (0 when idle)."),

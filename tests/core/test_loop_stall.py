@@ -12,17 +12,31 @@ async def test_a_blocking_call_on_the_loop_is_measured_as_a_stall():
     monitor = LoopStallMonitor(interval_s=0.01)
     monitor.start()
     await asyncio.sleep(0.05)
-    time.sleep(0.3)  # what a worker doing heavy bookkeeping on the loop would do
+    started = time.thread_time()
+    while time.thread_time() - started < 0.3:  # what a worker doing heavy bookkeeping on the loop would do
+        pass
     await asyncio.sleep(0.05)
     await monitor.stop()
     await monitor.stop()  # idempotent
     stats = monitor.stats()
     assert 0.25 <= stats["worker_stall_max_seconds"] < 5.0
     assert stats["worker_stalls_over_100ms"] >= 1
+    assert stats["worker_stall_max_cpu_seconds"] >= 0.25  # it ran: blocking code, not a wait
+
+
+async def test_a_loop_that_waits_stalls_without_cpu():
+    monitor = LoopStallMonitor(interval_s=0.01)
+    monitor.start()
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # asleep on the loop thread: as descheduled, or waiting for the GIL
+    await asyncio.sleep(0.05)
+    await monitor.stop()
+    assert monitor.longest_s >= 0.25 and monitor.longest_cpu_s < 0.1
 
 
 def test_short_lateness_is_recorded_but_not_counted_as_long():
     monitor = LoopStallMonitor()
     for late in (0.001, 0.02, 0.05):
-        monitor.record(late)
-    assert monitor.stats() == {"worker_stall_max_seconds": 0.05, "worker_stalls_over_100ms": 0}
+        monitor.record(late, cpu_s=late / 2)
+    assert monitor.stats() == {"worker_stall_max_seconds": 0.05, "worker_stall_max_cpu_seconds": 0.025,
+                               "worker_stalls_over_100ms": 0}
