@@ -6,8 +6,9 @@ wake-up can only be late by the time something else held the loop (or the proces
 The probe costs one timer per interval (tens of microseconds), so it always runs.
 
 Beside each stall it reads the loop thread's CPU time over the same span: a stall the thread spent
-running (code blocking the loop) has CPU seconds close to its length; one it spent waiting (for the
-GIL held by the compute thread, or for a CPU on a loaded machine) has few.
+running (code blocking the loop) has CPU seconds close to its length; one it spent waiting has few, and
+the whole process's CPU time over the span says for what: the GIL (the compute thread ran meanwhile)
+or a CPU (on a loaded machine, the process as a whole was not scheduled).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class LoopStallMonitor:
         self.interval_s = interval_s
         self.longest_s = 0.0
         self.longest_cpu_s = 0.0  # the loop thread's CPU time during the longest stall
+        self.longest_process_cpu_s = 0.0  # every thread's, over the same span
         self.long_stalls = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -47,20 +49,22 @@ class LoopStallMonitor:
         return {
             "worker_stall_max_seconds": round(self.longest_s, 6),
             "worker_stall_max_cpu_seconds": round(self.longest_cpu_s, 6),
+            "worker_stall_max_process_cpu_seconds": round(self.longest_process_cpu_s, 6),
             "worker_stalls_over_100ms": self.long_stalls,
         }
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            asleep_at, cpu_at = loop.time(), time.thread_time()
+            asleep_at, cpu_at, process_at = loop.time(), time.thread_time(), time.process_time()
             await asyncio.sleep(self.interval_s)
-            self.record(loop.time() - asleep_at - self.interval_s, time.thread_time() - cpu_at)
+            self.record(loop.time() - asleep_at - self.interval_s, time.thread_time() - cpu_at,
+                        time.process_time() - process_at)
 
-    def record(self, late_s: float, cpu_s: float = 0.0) -> None:
+    def record(self, late_s: float, cpu_s: float = 0.0, process_cpu_s: float = 0.0) -> None:
         """Count one wake-up that came `late_s` seconds late, the loop thread having run `cpu_s` seconds
-        since the probe slept. Mutates self."""
+        and the process `process_cpu_s` since the probe slept. Mutates self."""
         if late_s > self.longest_s:
-            self.longest_s, self.longest_cpu_s = late_s, cpu_s
+            self.longest_s, self.longest_cpu_s, self.longest_process_cpu_s = late_s, cpu_s, process_cpu_s
         if late_s > LONG_STALL_S:
             self.long_stalls += 1

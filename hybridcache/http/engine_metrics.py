@@ -88,6 +88,9 @@ GAUGES = (
     Figure("worker_stall_max_cpu_seconds",
            "The event loop thread's CPU time during that longest stall (near it: code blocked the loop; "
            "far below: the thread waited for the GIL or a CPU)."),
+    Figure("worker_stall_max_process_cpu_seconds",
+           "Every thread's CPU time during that longest stall (near it: the GIL was held elsewhere; "
+           "far below: the process was not scheduled)."),
     Figure("worker_lanes_free", "Engine lanes free (all of them when no request runs)."),
     Figure("pinned_blocks", "Blocks pinned by a running request or a transfer (0 when idle)."),
     Figure("pinned_snapshots", "Snapshots pinned by an admission or a transfer (0 when idle)."),

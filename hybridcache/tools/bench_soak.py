@@ -160,6 +160,7 @@ async def _drive(settings: SoakSettings, server: SoakServer, keys: tuple[str, st
         "rss_idle_mib": round(rss_idle / MIB, 1),
         "worker_stall_max_seconds": idle.get("worker_stall_max_seconds"),
         "worker_stall_max_cpu_seconds": idle.get("worker_stall_max_cpu_seconds"),
+        "worker_stall_max_process_cpu_seconds": idle.get("worker_stall_max_process_cpu_seconds"),
         "worker_stalls_over_100ms": idle.get("worker_stalls_over_100ms"),
         "integrity": "clean" if integrity.get("clean") is True else integrity.get("problem"),
         **{key: idle.get(key) for key in (*HELD_WHEN_BUSY, "worker_lanes_free")},
