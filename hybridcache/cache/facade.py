@@ -300,7 +300,9 @@ class Cache(PublicationCalls):
                 self._write_back(len(wanted) + keep_free)
             self._drop_backed_copies(shortfall, protected={id(n) for n in found.path})
         room = max(0, index.num_free_pages - keep_free)
-        nodes = wanted[:room]
+        # Writing back needed host room: host eviction may have deleted some wanted blocks meanwhile.
+        still = [n for n in wanted if index.nodes.get(n.id) is n and n.device_state == Residency.ABSENT]
+        nodes = still[:room]
         if not nodes:
             return None
         pages = index.pages.peek_free(len(nodes))
