@@ -8,8 +8,8 @@ for a batch of slots at once.
 `capturing_states` also copies, during one prefill pass, the state at chosen positions inside the pass
 into other slots (snapshots the tap planner places inside a pass): at a 64-token sub-chunk boundary the
 state a pass split there would have left, elsewhere the state at the boundary below plus the inputs since
-(a pending tail), taken without splitting the pass. The request travels beside the forward (a thread-local set for the pass
-on the thread that runs it), so the model's call signature is unchanged.
+(a pending tail), taken without splitting the pass. The request travels beside the forward (a thread-local
+set for the pass on the thread that runs it), so the model's call signature is unchanged.
 """
 
 from __future__ import annotations
