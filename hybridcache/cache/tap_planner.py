@@ -2,23 +2,22 @@
 
 A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Candidates, by priority:
 
-    1 EXPLICIT     client-named breakpoints                         exact, 64-aligned, Boundary
-    2 OPENER       start of the final assistant generation opener   exact, 64-aligned
-    3 STRUCTURAL   end of tools / leading system block              exact, 64-aligned, Boundary
+    1 EXPLICIT     client-named breakpoints                         at the token, INNER, Boundary
+    2 OPENER       start of the final assistant generation opener   at the token, INNER
+    3 STRUCTURAL   end of tools / leading system block              at the token, INNER, Boundary
       AUTOMATIC    protocol-automatic markers, planned as STRUCTURAL but published as ordinary taps
-    4 PROMPT_TAIL  n − 1 snapped down to a block boundary (a snapshot inside a block would make the
-                   resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold run
-                   computes one, so the resumed logits would differ in the last bits; resuming at the
-                   boundary recomputes at most 64 tokens and is bit-exact); INNER, as HEDGE below: a cold
-                   prompt's last pass no longer splits at its tail (the split cost a pass of up to 64
-                   tokens padded to a whole 128-row tile per product)
+    4 PROMPT_TAIL  n − 1, INNER
+    These lie exactly where later requests diverge, inside a block or not. A snapshot inside a block
+    keeps the state at the block boundary below it plus the Gated DeltaNet layer inputs since (a pending
+    tail, `StateSlots`), so a resume computes the block's delta-rule sub-chunk whole, as a cold run does,
+    and is bit-exact; it is taken inside the prefill pass without splitting it (as HEDGE below), so a cold
+    prompt's passes are the same with and without the cache.
     5 HEDGE        n − 256, n − 512, n − 1024, n − 2048 snapped down to a block boundary: states a little
                    before the prompt end, so that an edit or a regeneration of the last message of a prompt
                    without known structure (token ids, unknown templates) resumes close to where it
                    diverges (llama.cpp keeps one such checkpoint ~512 tokens before every prompt end).
                    INNER: taken inside a prefill pass without splitting it (the chunked delta rule has the
-                   state at every 64-token sub-chunk boundary of a pass that starts 64-aligned with it;
-                   ``GatedDeltaNet.capturing_states``); a pass that does not start so is split (as EXACT).
+                   state at every 64-token sub-chunk boundary of a pass; ``GatedDeltaNet.capturing_states``).
                    Hedges are short-lived by valuation: each lies in the middle of its lineage, so GDSF
                    values it by the few hundred tokens it saves over the snapshot above it (a low density:
                    they are the first snapshots to go under host pressure), the deepest one is superseded
@@ -76,8 +75,7 @@ class TapSource(IntEnum):
 
 class Placement(IntEnum):
     """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries; INNER
-    ones are copied from inside a pass that starts a multiple of 64 tokens before them (else they split
-    it)."""
+    ones are captured inside the pass that covers them, without a split."""
 
     EXACT = 1
     FLEXIBLE = 2
@@ -248,6 +246,14 @@ def _span_start_around(position: int, spans: Sequence[tuple[int, int]]) -> int |
     return None
 
 
+def _place_exact(position: int, spans: Sequence[tuple[int, int]]) -> int:
+    """``position`` moved to the start of a span it splits (repeatedly, for nested spans)."""
+    placed = position
+    while (start := _span_start_around(placed, spans)) is not None:
+        placed = start
+    return placed
+
+
 def _place_aligned(position: int, spans: Sequence[tuple[int, int]]) -> int:
     """``position`` moved out of any span it splits and snapped down to a block boundary."""
     placed = _floor_block(position)
@@ -259,7 +265,7 @@ def _place_aligned(position: int, spans: Sequence[tuple[int, int]]) -> int:
 def _explicit_candidates(
     n: int, base: int, hints: Sequence[TapHint], spans: Sequence[tuple[int, int]]
 ) -> list[_Candidate]:
-    positions = {_place_aligned(h.position, spans) for h in hints if h.kind == HintKind.EXPLICIT}
+    positions = {_place_exact(h.position, spans) for h in hints if h.kind == HintKind.EXPLICIT}
     return [_Candidate(p, TapSource.EXPLICIT, True) for p in sorted(positions) if base < p <= n - 1]
 
 
@@ -292,7 +298,7 @@ def _cluster_candidate(
     cluster: Sequence[tuple[int, int]], n: int, base: int, spans: Sequence[tuple[int, int]]
 ) -> list[_Candidate]:
     """One candidate for a cluster: earliest in-bounds position, best member's source, any Boundary."""
-    in_bounds = [p for p in (_place_aligned(pos, spans) for pos, _ in cluster) if base < p <= n - 1]
+    in_bounds = [p for p in (_place_exact(pos, spans) for pos, _ in cluster) if base < p <= n - 1]
     if not in_bounds:
         return []
     kinds = [HintKind(kind) for _, kind in cluster]
@@ -302,14 +308,10 @@ def _cluster_candidate(
 
 
 def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
-    """The prompt tail: n − 1 placed on a block boundary (out of any media span), or None when n − 1 splits
-    a media span or the boundary lies at or before the base."""
-    if _span_start_around(n - 1, spans) is not None:
+    """The prompt tail n − 1, or None when it splits a media span or lies at or before the base."""
+    if _span_start_around(n - 1, spans) is not None or n - 1 <= base:
         return None
-    placed = _place_aligned(n - 1, spans)
-    if placed <= base:
-        return None
-    return _Candidate(placed, TapSource.PROMPT_TAIL, False)
+    return _Candidate(n - 1, TapSource.PROMPT_TAIL, False)
 
 
 def _hedge_candidates(n: int, base: int, spans: Sequence[tuple[int, int]]) -> list[_Candidate]:
@@ -358,9 +360,8 @@ class _Acceptance:
         self._accept(candidate)
 
     def offer_tail(self, candidate: _Candidate) -> None:
-        """The block-aligned prompt tail: dropped beside an accepted tap or an existing frontier, but not for
-        lying one block past the base (it always lies at least that far), which is the only reuse a short
-        first prompt gets."""
+        """The prompt tail: dropped beside an accepted tap or an existing frontier, but not for lying close
+        past the base, which is the only reuse a short first prompt gets."""
         if self._has_room() and not self._something_just_before(candidate.position, counting_base=False):
             self._accept(candidate)
 
@@ -402,6 +403,4 @@ class _Acceptance:
 
 
 def _placement_of(source: TapSource) -> Placement:
-    if source in (TapSource.HEDGE, TapSource.PROMPT_TAIL):
-        return Placement.INNER
-    return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.EXACT
+    return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.INNER
