@@ -41,16 +41,19 @@ def run(request, dense_checkpoint, moe_checkpoint) -> ModelRun:
     return ModelRun(model, tokens, cold)
 
 
-def resume_from_capture(run: ModelRun, capture_at: int, pass_start: int, cuts: list[int]) -> torch.Tensor:
-    """Prefill [0, pass_start) plainly, then one pass to the end that captures the state at `capture_at`
-    into slot 1; resume slot 1 from `capture_at` in passes ending at `cuts`; logits after `capture_at`."""
+def resume_from_capture(
+    run: ModelRun, capture_at: int, pass_start: int, cuts: list[int], pass_end: int = PROMPT
+) -> torch.Tensor:
+    """Prefill [0, pass_start) plainly, then one pass to `pass_end` that captures the state at
+    `capture_at` into slot 1; resume slot 1 from `capture_at` in passes ending at `cuts`; logits after
+    `capture_at`."""
     model, tokens = run.model, run.tokens
     memory = fresh_memory(model, num_pages=PAGES, num_slots=2)
     table = list(range(PAGES))
     if pass_start:
         model.prefill(tokens[:pass_start], 0, table, 0, memory.kv, memory.states)
     with capturing_states(memory.states, 0, {capture_at - pass_start: 1}):
-        model.prefill(tokens[pass_start:], pass_start, table, 0, memory.kv, memory.states)
+        model.prefill(tokens[pass_start:pass_end], pass_start, table, 0, memory.kv, memory.states)
     assert memory.states.tail_tokens(1) == capture_at % 64
     bounds = [capture_at, *cuts, len(tokens)]
     pieces = [
@@ -67,20 +70,24 @@ def resume_from_capture(run: ModelRun, capture_at: int, pass_start: int, cuts: l
     capture_at=st.integers(min_value=1, max_value=PROMPT - 1),
     pass_start_blocks=st.integers(min_value=0, max_value=3),
     cut_blocks=st.lists(st.integers(min_value=1, max_value=4), max_size=2),
+    ends_the_prompt=st.booleans(),
 )
 def test_logits_after_a_snapshot_inside_a_block_equal_the_cold_runs_bitwise(
-    run: ModelRun, capture_at: int, pass_start_blocks: int, cut_blocks: list[int]
+    run: ModelRun, capture_at: int, pass_start_blocks: int, cut_blocks: list[int], ends_the_prompt: bool
 ):
+    """The capturing pass ends at the prompt end or one token after the capture (a shorter earlier prompt
+    whose tail n - 1 is captured: the rows near a pass's end must come out as in a longer pass)."""
     pass_start = min(64 * pass_start_blocks, capture_at - capture_at % 64)
     pass_start = pass_start if pass_start < capture_at else max(0, pass_start - 64)
     cuts = sorted({64 * k for k in cut_blocks if capture_at < 64 * k < PROMPT})
-    resumed = resume_from_capture(run, capture_at, pass_start, cuts)
-    assert torch.equal(resumed, run.cold[capture_at:]), (capture_at, pass_start, cuts)
+    pass_end = PROMPT if ends_the_prompt else capture_at + 1
+    resumed = resume_from_capture(run, capture_at, pass_start, cuts, pass_end)
+    assert torch.equal(resumed, run.cold[capture_at:]), (capture_at, pass_start, cuts, pass_end)
 
 
-def test_a_resume_one_token_before_the_end_gives_the_cold_last_logits(run: ModelRun):
-    for capture_at in (PROMPT - 1, 64 * 3 + 1, 64 * 3):
-        resumed = resume_from_capture(run, capture_at, 0, [])
+def test_a_prompt_tail_captured_one_token_before_its_pass_end_resumes_exactly(run: ModelRun):
+    for capture_at in (PROMPT - 1, 64 * 2 + 1, 64 * 2, 64 * 2 + 51):
+        resumed = resume_from_capture(run, capture_at, 0, [], capture_at + 1)
         assert torch.equal(resumed, run.cold[capture_at:]), capture_at
 
 

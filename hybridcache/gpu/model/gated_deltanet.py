@@ -27,7 +27,7 @@ from hybridcache.gpu.model import cpu_gdn_step
 from hybridcache.gpu.model.delta_rule import CHUNK, chunked_gated_delta_rule, recurrent_gated_delta_rule_
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
-from hybridcache.gpu.model.row_tiles import Product, tiled_linear
+from hybridcache.gpu.model.row_tiles import Product, lane_aligned, tiled_linear
 from hybridcache.gpu.state_slots import SlotRuns, StateSlots
 
 
@@ -98,8 +98,9 @@ class GatedDeltaNet(NamedTuple):
         sizes = (conv_dim, value_dim, self.value_heads, self.value_heads)
         mixed, z, b, a = product(x, self.in_proj).split(sizes, dim=-1)
         z = z.view(x.shape[0], self.value_heads, self.value_head_dim)
-        log_decay = self.neg_a * F.softplus(a.float() + self.dt_bias)
-        return mixed, z, torch.sigmoid(b), log_decay
+        # [t, Hv] is narrow: lane-aligned, a token's decay and beta do not depend on its row index
+        log_decay = self.neg_a * lane_aligned(F.softplus, a.float() + self.dt_bias)
+        return mixed, z, lane_aligned(torch.sigmoid, b), log_decay
 
     def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split `[t, conv_dim]` into q `[t, Hk, dk]`, k `[t, Hk, dk]`, v `[t, Hv, dv]`."""

@@ -66,8 +66,9 @@ def lane_aligned(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tens
     Torch's elementwise CPU kernels run the transcendental functions (sigmoid, softplus, ...) vectorized
     over a contiguous tensor and finish its last few elements in a scalar loop, whose results differ in the
     last bits (measured: fp32 sigmoid and softplus). A `[n, 1]` tensor's row r lies in lane r mod 16, so the
-    same token computed in a pass that starts one position later can come out different; padded to
-    LANE_BLOCK elements per row, every row starts a vector and nothing is left to the scalar loop.
+    same token computed in a pass that starts one position later, or in one that ends a few tokens after
+    it (its row then falls in the scalar remainder), can come out different; padded to LANE_BLOCK elements
+    per row, every row starts a vector and nothing is left to the scalar loop.
     """
     rows, width = x.shape
     padded = x.new_zeros(rows, LANE_BLOCK)
