@@ -67,9 +67,15 @@ async def test_a_host_resume_is_exact(micro_checkpoint: Path, frontend: Frontend
         for seed in range(40, 43):  # unrelated traffic pushes the first prompt to host slabs
             await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=seed)), 1)
         resumed = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
+        stats = engine.stats()
     finally:
         await engine.stop()
     assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 499  # the tail
+    # micro: 3 Gated DeltaNet layers, each image holds 63 layer inputs of 32 values and a count
+    item = 4 if dtype == "float32" else 2
+    assert stats["snapshot_image_pending_tail_bytes"] == 3 * (63 * 32 * item + 4)
+    assert stats["host_tier_pending_tail_bytes"] % stats["snapshot_image_pending_tail_bytes"] == 0
+    assert stats["host_tier_pending_tail_bytes"] > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
 
 
