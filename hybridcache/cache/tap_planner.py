@@ -26,11 +26,11 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
     6 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
 
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
-span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) whose
-hint positions lie within 64 tokens of a cluster's earliest member form one cluster, kept once at the
-earliest in-bounds position with the best member's priority and Boundary-ness from any member; a
-non-explicit candidate is dropped when an accepted tap, an existing frontier or the base lies at most 64
-tokens before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
+span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) at
+one position form one candidate with the best member's priority and Boundary-ness from any member; a
+semantic candidate is dropped when an accepted tap, an existing frontier or the base lies at most
+SEMANTIC_PROXIMITY_TOKENS before it, a hedge, ladder or tail candidate when one lies at most 64 tokens
+before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
 candidates also keep ``min_gap_tokens`` on both sides of accepted taps, existing frontiers and the base;
 at most ``max_new_taps`` are kept, taken in priority order (semantic ones by position, the ladder by k).
 A request resumed from an endpoint snapshot skips the opener. Everything here is pure and deterministic.
@@ -47,7 +47,14 @@ import msgspec
 from hybridcache.cache.ids import BLOCK_TOKENS
 
 PROXIMITY_TOKENS = BLOCK_TOKENS
-"""A non-explicit candidate this close after an accepted tap, existing frontier or the base is redundant."""
+"""A hedge, ladder or prompt-tail candidate this close after an accepted tap, existing frontier or the base
+is redundant."""
+
+SEMANTIC_PROXIMITY_TOKENS = 4
+"""An opener, structural or automatic candidate this close after an accepted tap, existing frontier or the
+base is redundant. Small: these taps lie at the very token later requests diverge at (the generation
+opener of a chat turn lies 3 to 5 tokens before the prompt end, the end of a system block a few dozen
+tokens before it in a short first turn), so each saves what lies between it and the tap before it."""
 
 
 class HintKind(IntEnum):
@@ -180,7 +187,7 @@ _PLANNING_RANK = MappingProxyType(
         TapSource.AUTOMATIC: 3,
     }
 )
-_CLUSTERED_KINDS = (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC)
+_SEMANTIC_KINDS = (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC)
 _BOUNDARY_KINDS = (HintKind.EXPLICIT, HintKind.STRUCTURAL)
 
 
@@ -210,7 +217,7 @@ def plan_taps(
     for candidate in _explicit_candidates(n, base, hints, spans):
         planner.offer_explicit(candidate)
     for candidate in _semantic_candidates(n, base, hints, spans, resumed_from_endpoint):
-        planner.offer_near(candidate)
+        planner.offer_near(candidate, SEMANTIC_PROXIMITY_TOKENS)
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_tail(tail)
@@ -276,35 +283,22 @@ def _semantic_candidates(
     spans: Sequence[tuple[int, int]],
     resumed_from_endpoint: bool,
 ) -> list[_Candidate]:
-    """Opener / structural / automatic hints, clustered, ordered by (planning rank, position)."""
-    members = sorted(
-        (h.position, int(h.kind))
-        for h in hints
-        if h.kind in _CLUSTERED_KINDS and not (resumed_from_endpoint and h.kind == HintKind.OPENER)
-    )
-    candidates: list[_Candidate] = []
-    cluster: list[tuple[int, int]] = []
-    for member in members:
-        if cluster and member[0] - cluster[0][0] > PROXIMITY_TOKENS:
-            candidates.extend(_cluster_candidate(cluster, n, base, spans))
-            cluster = []
-        cluster.append(member)
-    if cluster:
-        candidates.extend(_cluster_candidate(cluster, n, base, spans))
+    """Opener / structural / automatic hints, one candidate per placed position, ordered by (planning
+    rank, position)."""
+    kinds_at: dict[int, list[HintKind]] = {}
+    for hint in hints:
+        if hint.kind in _SEMANTIC_KINDS and not (resumed_from_endpoint and hint.kind == HintKind.OPENER):
+            kinds_at.setdefault(_place_exact(hint.position, spans), []).append(hint.kind)
+    candidates = [
+        _Candidate(
+            position,
+            min((_SOURCE_OF_HINT[kind] for kind in kinds), key=lambda s: (_PLANNING_RANK[s], s)),
+            any(kind in _BOUNDARY_KINDS for kind in kinds),
+        )
+        for position, kinds in kinds_at.items()
+        if base < position <= n - 1
+    ]
     return sorted(candidates, key=lambda c: (_PLANNING_RANK[c.source], c.position))
-
-
-def _cluster_candidate(
-    cluster: Sequence[tuple[int, int]], n: int, base: int, spans: Sequence[tuple[int, int]]
-) -> list[_Candidate]:
-    """One candidate for a cluster: earliest in-bounds position, best member's source, any Boundary."""
-    in_bounds = [p for p in (_place_exact(pos, spans) for pos, _ in cluster) if base < p <= n - 1]
-    if not in_bounds:
-        return []
-    kinds = [HintKind(kind) for _, kind in cluster]
-    source = min((_SOURCE_OF_HINT[kind] for kind in kinds), key=lambda s: (_PLANNING_RANK[s], s))
-    boundary = any(kind in _BOUNDARY_KINDS for kind in kinds)
-    return [_Candidate(min(in_bounds), source, boundary)]
 
 
 def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
@@ -354,8 +348,8 @@ class _Acceptance:
             return
         self._accept(candidate)
 
-    def offer_near(self, candidate: _Candidate) -> None:
-        if not self._has_room() or self._something_just_before(candidate.position):
+    def offer_near(self, candidate: _Candidate, proximity: int = PROXIMITY_TOKENS) -> None:
+        if not self._has_room() or self._something_just_before(candidate.position, proximity=proximity):
             return
         self._accept(candidate)
 
@@ -391,10 +385,12 @@ class _Acceptance:
         index = bisect_left(self._existing, position)
         return index < len(self._existing) and self._existing[index] == position
 
-    def _something_just_before(self, position: int, counting_base: bool = True) -> bool:
-        """An accepted tap, existing frontier or (when `counting_base`) the base at most PROXIMITY_TOKENS
+    def _something_just_before(
+        self, position: int, counting_base: bool = True, proximity: int = PROXIMITY_TOKENS
+    ) -> bool:
+        """An accepted tap, existing frontier or (when `counting_base`) the base at most `proximity` tokens
         before ``position``."""
-        earliest = position - PROXIMITY_TOKENS
+        earliest = position - proximity
         if counting_base and earliest <= self._base <= position:
             return True
         if bisect_right(self._existing, position) > bisect_left(self._existing, earliest):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import (
+    SEMANTIC_PROXIMITY_TOKENS,
     HintKind,
     Placement,
     PlannedTap,
@@ -85,17 +86,28 @@ def test_a_tail_at_or_before_the_base_plans_no_tail():
     assert plan_taps(3000, 2999, [], [2999], options(), resumed_from_endpoint=True) == []
 
 
-def test_a_short_user_turn_clusters_the_system_end_with_the_opener():
-    # system end at 470 and opener at 500: one cluster, kept at the earliest member, a Boundary;
-    # the tail at 502 lies within 64 tokens of it and is absorbed
+def test_a_short_user_turn_keeps_both_the_system_end_and_the_opener():
+    # system end at 470 and opener at 500: each where later requests diverge (another session sharing the
+    # system prompt, the next turn of this one); the tail at 502 lies within 64 tokens and is absorbed
     taps = plan_taps(503, 0, [hint(470, HintKind.STRUCTURAL), hint(500, HintKind.OPENER)], [], options())
-    assert taps == [PlannedTap(470, Placement.INNER, TapSource.OPENER, True)]
+    assert taps == [
+        PlannedTap(470, Placement.INNER, TapSource.STRUCTURAL, True),
+        PlannedTap(500, Placement.INNER, TapSource.OPENER, False),
+    ]
 
 
-def test_the_tail_survives_when_the_cluster_lies_more_than_64_tokens_back():
+def test_hints_at_one_position_are_one_tap_with_the_best_source_and_any_boundary():
+    taps = plan_taps(610, 0, [hint(500, HintKind.STRUCTURAL), hint(500, HintKind.OPENER)], [], options())
+    assert taps == [
+        PlannedTap(500, Placement.INNER, TapSource.OPENER, True),
+        PlannedTap(609, Placement.INNER, TapSource.PROMPT_TAIL, False),
+    ]
+
+
+def test_the_tail_survives_more_than_64_tokens_after_the_opener():
     taps = plan_taps(610, 0, [hint(500, HintKind.STRUCTURAL), hint(540, HintKind.OPENER)], [], options())
-    assert positions(taps) == [500, 609]
-    assert sources(taps) == [TapSource.OPENER, TapSource.PROMPT_TAIL]
+    assert positions(taps) == [500, 540, 609]
+    assert sources(taps) == [TapSource.STRUCTURAL, TapSource.OPENER, TapSource.PROMPT_TAIL]
 
 
 def test_an_automatic_marker_plans_like_structure_but_publishes_as_an_ordinary_tap():
@@ -135,10 +147,10 @@ def test_a_prompt_ending_inside_media_has_no_tail_tap():
 
 
 def test_existing_snapshots_on_the_path_make_nearby_candidates_redundant():
-    # structure at 2000 and opener at 2990 both sit on or just after existing snapshots, and so does the
-    # tail at 2999
+    # structure at 2000 and opener at 2990 sit on or within 4 tokens after existing snapshots, and the
+    # tail at 2999 within 64
     hints = [hint(2000, HintKind.STRUCTURAL), hint(2990, HintKind.OPENER)]
-    taps = plan_taps(3000, 0, hints, [2000, 2900, 2950], options())
+    taps = plan_taps(3000, 0, hints, [1998, 2900, 2987], options())
     assert taps == []
 
 
@@ -257,9 +269,12 @@ def test_taps_are_deduplicated_against_the_path_and_the_ladder_keeps_its_gap(inp
     anchors = [base, *existing]
     for tap in taps:
         if tap.source != TapSource.EXPLICIT:
-            # the block-aligned prompt tail may lie one block past the base (never beside a snapshot)
+            # the prompt tail may lie close past the base (never beside a snapshot); semantic taps keep
+            # only a few tokens from the tap before them
             near = existing if tap.source == TapSource.PROMPT_TAIL else anchors
-            assert all(not 0 <= tap.position - a <= BLOCK_TOKENS for a in near), (tap, anchors)
+            semantic = tap.source in (TapSource.OPENER, TapSource.STRUCTURAL, TapSource.AUTOMATIC)
+            gap = SEMANTIC_PROXIMITY_TOKENS if semantic else BLOCK_TOKENS
+            assert all(not 0 <= tap.position - a <= gap for a in near), (tap, anchors)
         if tap.source == TapSource.LADDER:
             others = anchors + [t.position for t in taps if t is not tap]
             assert all(abs(tap.position - a) >= opts.min_gap_tokens for a in others)
