@@ -25,6 +25,7 @@ from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import (
     device_counts,
+    host_images,
     host_tier_composition,
     snapshot_host_bytes,
     superseded_snapshot_bytes,
@@ -262,6 +263,10 @@ class Engine:
             stats.update(worker.counters.as_dict())
         hedges = () if worker is None else worker.hedge_snapshots
         stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
+        states = self.runtime.states
+        stats["snapshot_image_bytes"] = states.image_bytes
+        stats["snapshot_image_pending_tail_bytes"] = states.tail_bytes()
+        stats["host_tier_pending_tail_bytes"] = host_images(index) * states.tail_bytes()
         return stats
 
     def _journal_stats(self) -> dict[str, object]:

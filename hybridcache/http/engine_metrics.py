@@ -80,6 +80,12 @@ GAUGES = (
     Figure("host_tier_hedge_snapshot_bytes",
            "Host bytes of hedge snapshots, taken a few hundred tokens before prompt ends "
            "(part of host_tier_bytes)."),
+    Figure("snapshot_image_bytes", "Bytes of one recurrent-state image (device slot or host slabs)."),
+    Figure("snapshot_image_pending_tail_bytes",
+           "Bytes of one image that hold a pending tail: the Gated DeltaNet layer inputs since the block "
+           "boundary, which make a snapshot inside a block bit-exact (part of snapshot_image_bytes)."),
+    Figure("host_tier_pending_tail_bytes",
+           "Host bytes of the pending-tail parts of host-resident images (part of host_tier_bytes)."),
     Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
     Figure("kv_events_device_blocks", "Blocks routers are told this replica resumes from the device."),
     Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),

@@ -1,5 +1,6 @@
 """Bit-exact reuse: a request resumed from any source produces the cold run's first-token log-probabilities
-(bit for bit) and its 64 greedy tokens, in float32 and in bf16."""
+(bit for bit) and its 64 greedy tokens, in float32 and in bf16, from snapshots on a block boundary and
+inside a block (the prompt tail n - 1, which keeps a pending tail of layer inputs)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def test_a_repeat_and_an_extension_resume_on_the_device_exactly(
         extension = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
     finally:
         await engine.stop()
-    tail_tap = (length - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    tail_tap = length - 1
     assert repeat.accounting.source == extension.accounting.source == "device"
     assert repeat.accounting.reuse_tokens == tail_tap
     assert extension.accounting.reuse_tokens >= tail_tap
@@ -67,9 +68,15 @@ async def test_a_host_resume_is_exact(micro_checkpoint: Path, frontend: Frontend
         for seed in range(40, 43):  # unrelated traffic pushes the first prompt to host slabs
             await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=seed)), 1)
         resumed = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
+        stats = engine.stats()
     finally:
         await engine.stop()
-    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 448
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 499  # the tail
+    # micro: 3 Gated DeltaNet layers, each image holds 63 layer inputs of 32 values and a count
+    item = 4 if dtype == "float32" else 2
+    assert stats["snapshot_image_pending_tail_bytes"] == 3 * (63 * 32 * item + 4)
+    assert stats["host_tier_pending_tail_bytes"] % stats["snapshot_image_pending_tail_bytes"] == 0
+    assert stats["host_tier_pending_tail_bytes"] > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
 
 
@@ -88,7 +95,7 @@ async def test_a_resume_from_the_cache_file_after_a_restart_is_exact(
         resumed = await generate(restarted, frontend.prepare_tokens(prompt), STEPS)
     finally:
         await restarted.stop()
-    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 576
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 600  # the tail
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
 
 
