@@ -11,8 +11,15 @@ prompt for every run so no cache can serve it: the figures are cold prefill and 
   start-up) and after the runs, and the peak;
 - ours beside llama.cpp: `prefill_vs_llama_cpp_<ctx>`, `decode_vs_llama_cpp_<ctx>`, `rss_vs_llama_cpp`
   (ours / theirs: above 1 is faster, or more memory);
-- the physical limit (`decode_bound.py`): this machine's read bandwidth measured in this run, the bytes a
-  decode step reads at each context, `decode_limit_tok_s_<ctx>` and `decode_vs_bandwidth_limit_<ctx>`;
+- the physical limit (`decode_bound.py`, `bandwidth_probe.py`): the bytes a decode step reads at each context
+  over this machine's read bandwidth. Right after every decode run, on both sides, the bench process reads
+  memory with the same thread count for as long as that run decoded (the server idle meanwhile), so each
+  run has the bandwidth of its own minute: on a shared machine what other tenants leave varies by several
+  times between minutes. `decode_vs_bandwidth_limit_<ctx>` is the best over the runs of (decode tok/s) /
+  (that window's bandwidth / step bytes); each run's pair is printed (`<side>_decode_runs_<ctx>`).
+  `read_bandwidth_gib_s` is the fastest single pass of the run (the quietest instant) and
+  `decode_vs_peak_bandwidth_<ctx>` the best decode against it: a floor, since no run of seconds sees only
+  quiet instants;
 - batched decode on ours: 4 requests decoding at once vs one (`batched4_vs_single`): the tokens all four
   streams delivered while all four were decoding, over that window, against one lane's rate at the same
   prompt length.
@@ -33,7 +40,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from hybridcache.gpu.model.config import ModelConfig
+    from hybridcache.tools.bandwidth_probe import BandwidthProbe
 
 CONTEXTS = (2048, 8192)
 DECODE_TOKENS = 64
@@ -70,39 +81,42 @@ class SideResult(NamedTuple):
     rss_after: int
     rss_peak: int
     batched_vs_single: float | None
+    decode_runs: dict[int, list[tuple[float, float]]]
+    """Per context, each decode run's (tok/s, bytes/s the bandwidth probe read right after it)."""
 
 
 def run(args: argparse.Namespace) -> int:
     from hybridcache.gpu.model.config import read_model_config
-    from hybridcache.tools.decode_bound import decode_step_bytes, read_bandwidth_bytes_s
+    from hybridcache.tools.bandwidth_probe import BandwidthProbe
     from hybridcache.tools.make_tiny_model import ensure_preset
 
     checkpoint = args.checkpoint or ensure_preset(args.preset)
     print(f"checkpoint={checkpoint}")
     print(f"threads={args.threads}")
+    probe = BandwidthProbe(args.threads)
     ours_rounds, their_rounds = [], []
     for round_index in range(args.rounds):
         prompts = _prompts(args.contexts, args.repeats, seed=20261201 + round_index)
-        ours_rounds.append(_run_ours(checkpoint, args, prompts))
+        ours_rounds.append(_run_ours(checkpoint, args, prompts, probe))
         if args.llama_server is not None:
-            their_rounds.append(_run_llama(checkpoint, args, prompts))
+            their_rounds.append(_run_llama(checkpoint, args, prompts, probe))
     ours = _best_of(ours_rounds)
     _print_side("ours", ours)
     theirs = _best_of(their_rounds) if their_rounds else None
     if theirs is not None:
         _print_side("llama_cpp", theirs)
-    import torch
-
-    bandwidth = read_bandwidth_bytes_s(args.threads)
-    print(f"read_bandwidth_gib_s={bandwidth / 2**30:.1f}")
-    config = read_model_config(checkpoint / "config.json")
+    peak = probe.best()
+    print(f"read_bandwidth_gib_s={peak / 2**30:.1f}")
+    step_bytes = _step_bytes(read_model_config(checkpoint / "config.json"), args.dtype, args.contexts)
     for context in args.contexts:
-        dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-        step = decode_step_bytes(config, dtype, context)
-        limit = bandwidth / step.total
-        print(f"decode_step_mib_{context}={step.total / 2**20:.0f}")
-        print(f"decode_limit_tok_s_{context}={limit:.1f}")
-        print(f"decode_vs_bandwidth_limit_{context}={ours.decode_tok_s[context] / limit:.2f}")
+        step = step_bytes[context]
+        print(f"decode_step_mib_{context}={step / 2**20:.0f}")
+        print(f"decode_limit_tok_s_{context}={peak / step:.1f}")
+        print(f"decode_vs_peak_bandwidth_{context}={ours.decode_tok_s[context] * step / peak:.2f}")
+        print(f"decode_vs_bandwidth_limit_{context}={_bandwidth_fraction(ours, context, step):.2f}")
+        if theirs is not None:
+            theirs_fraction = _bandwidth_fraction(theirs, context, step)
+            print(f"llama_cpp_decode_vs_bandwidth_limit_{context}={theirs_fraction:.2f}")
     if theirs is not None:
         for context in args.contexts:
             print(f"prefill_vs_llama_cpp_{context}="
@@ -112,6 +126,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"rss_vs_llama_cpp={ours.rss_after / theirs.rss_after:.2f}")
         print(f"rss_peak_vs_llama_cpp={ours.rss_peak / theirs.rss_peak:.2f}")
     return 0
+
+
+def _step_bytes(config: ModelConfig, dtype_name: str, contexts: list[int]) -> dict[int, int]:
+    """Bytes of one single-lane decode step at each context, in the GGUF's dtype (ours runs the same).
+    Pure."""
+    import torch
+
+    from hybridcache.tools.decode_bound import decode_step_bytes
+
+    dtype = torch.bfloat16 if dtype_name == "bfloat16" else torch.float32
+    return {context: decode_step_bytes(config, dtype, context).total for context in contexts}
+
+
+def _bandwidth_fraction(side: SideResult, context: int, step_bytes: int) -> float:
+    """The best over `side`'s decode runs at `context` of the rate reached over the rate its own window's
+    bandwidth allows. Pure."""
+    return max(tok_s * step_bytes / bandwidth for tok_s, bandwidth in side.decode_runs[context])
 
 
 def _best_of(rounds: list[SideResult]) -> SideResult:
@@ -125,6 +156,7 @@ def _best_of(rounds: list[SideResult]) -> SideResult:
         max(result.rss_after for result in rounds),
         max(result.rss_peak for result in rounds),
         max(ratios) if ratios else None,
+        {context: [run for result in rounds for run in result.decode_runs[context]] for context in contexts},
     )
 
 
@@ -138,26 +170,29 @@ def _prompts(contexts: list[int], repeats: int, seed: int) -> dict[int, list[lis
     }
 
 
-def _run_ours(checkpoint: Path, args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> SideResult:
+def _run_ours(checkpoint: Path, args: argparse.Namespace, prompts: dict[int, list[list[int]]],
+              probe: BandwidthProbe) -> SideResult:
     from hybridcache.tools.serve_launch import ServeProcess
 
     argv = [sys.executable, "-m", "hybridcache", "serve", "--host", "127.0.0.1", "--port", "0",
             "--model", str(checkpoint), "--served-model-name", MODEL]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     with ServeProcess.launch_argv(argv, env=env) as server:
-        return _measure(server.url, server.process.pid, prompts, batched=not args.skip_batched)
+        return _measure(server.url, server.process.pid, prompts, probe, batched=not args.skip_batched)
 
 
-def _run_llama(checkpoint: Path, args: argparse.Namespace, prompts: dict[int, list[list[int]]]) -> SideResult:
+def _run_llama(checkpoint: Path, args: argparse.Namespace, prompts: dict[int, list[list[int]]],
+               probe: BandwidthProbe) -> SideResult:
     from hybridcache.tools.peer_llama import LlamaServer, converted_gguf, find_converter
 
     gguf = converted_gguf(checkpoint, args.dtype, find_converter(args.llama_server))
     port = _free_port()
     with LlamaServer.launch(args.llama_server, gguf, port, args.threads, args.llama_context) as server:
-        return _measure(server.url, server.process.pid, prompts, batched=False)
+        return _measure(server.url, server.process.pid, prompts, probe, batched=False)
 
 
-def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], batched: bool) -> SideResult:
+def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], probe: BandwidthProbe,
+             batched: bool) -> SideResult:
     from hybridcache.tools.stream_timing import timed_completion
 
     chooser = random.Random(7)
@@ -166,14 +201,19 @@ def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], batched: b
     timed_completion(url, MODEL, warm_up, 8)
     prefill: dict[int, float] = {}
     decode: dict[int, float] = {}
+    decode_runs: dict[int, list[tuple[float, float]]] = {}
     for context, runs in prompts.items():
-        timings = [timed_completion(url, MODEL, prompt, DECODE_TOKENS) for prompt in runs]
+        timings, decode_runs[context] = [], []
+        for prompt in runs:
+            timing = timed_completion(url, MODEL, prompt, DECODE_TOKENS)
+            timings.append(timing)
+            decode_runs[context].append((timing.decode_tok_s, probe.sustained(timing.decode_s)))
         prefill[context] = max(timing.prefill_tok_s for timing in timings)
         decode[context] = max(timing.decode_tok_s for timing in timings)
     ratio = _batched_vs_single(url) if batched else None
     time.sleep(RSS_SETTLE_S)
     memory = _rss(pid)
-    return SideResult(prefill, decode, rss_idle, memory["VmRSS"], memory["VmHWM"], ratio)
+    return SideResult(prefill, decode, rss_idle, memory["VmRSS"], memory["VmHWM"], ratio, decode_runs)
 
 
 def _batched_vs_single(url: str) -> float:
@@ -214,6 +254,9 @@ def _print_side(name: str, result: SideResult) -> None:
     print(f"{name}_rss_peak_mib={result.rss_peak >> 20}")
     if result.batched_vs_single is not None:
         print(f"{name}_batched{BATCH_LANES}_vs_single={result.batched_vs_single:.2f}")
+    for context, runs in result.decode_runs.items():
+        pairs = ",".join(f"{tok_s:.1f}@{bandwidth / 2**30:.1f}" for tok_s, bandwidth in runs)
+        print(f"{name}_decode_runs_{context}={pairs}")
 
 
 def _rss(pid: int) -> dict[str, int]:

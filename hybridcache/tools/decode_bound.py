@@ -3,23 +3,18 @@
 A decode step of one lane reads every matmul weight once (each layer's projections and the lm_head; the
 embedding contributes one row), the lane's K and V of every full-attention layer up to its position, and
 reads and writes its Gated DeltaNet states (fp32 recurrent state and conv history). Nothing else is large.
-Dividing those bytes by the machine's read bandwidth, measured in the same run with the same thread count,
-gives the fastest decode any implementation could reach here; `decode_vs_bandwidth_limit` says how close a
-measured rate is.
+Dividing those bytes by the machine's read bandwidth (`bandwidth_probe.py`), measured in the same run with
+the same thread count, gives the fastest decode any implementation could reach there and then;
+`decode_vs_bandwidth_limit` says how close a measured rate is.
 """
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
 
 import torch
 
-from hybridcache.gpu.huge_pages import collapse
 from hybridcache.gpu.model.config import ModelConfig
-
-BANDWIDTH_BUFFER_BYTES = 1 << 30
-"""Large enough to defeat every cache level of these machines (the largest L3 seen here is 300 MiB)."""
 
 
 class DecodeBytes(NamedTuple):
@@ -63,22 +58,3 @@ def _mlp_params(config: ModelConfig) -> int:
     experts = config.num_experts_per_tok * 3 * hidden * config.moe_intermediate_size
     shared = 3 * hidden * config.shared_expert_intermediate_size
     return experts + shared + hidden * (config.num_experts + 1)
-
-
-def read_bandwidth_bytes_s(threads: int, repeats: int = 7) -> float:
-    """This machine's memory read bandwidth with `threads` torch threads: the best of `repeats` sums over a
-    buffer no cache holds, on 2 MiB pages where the system allows (as the packed weights are: `huge_pages`),
-    since those stream faster. Sets torch's thread count for the duration, then restores it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        buffer = torch.ones(BANDWIDTH_BUFFER_BYTES // 4, dtype=torch.float32)
-        collapse(buffer.data_ptr(), BANDWIDTH_BUFFER_BYTES)
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            buffer.sum()
-            best = min(best, time.perf_counter() - started)
-        return BANDWIDTH_BUFFER_BYTES / best
-    finally:
-        torch.set_num_threads(previous)

@@ -1,16 +1,42 @@
-"""`hybridcache bench peer`: how rounds combine (the servers themselves are not started here)."""
+"""`hybridcache bench peer`: how rounds combine and how the bandwidth limit is read (the servers themselves
+are not started here)."""
 
 from __future__ import annotations
 
-from hybridcache.tools.bench_peer import SideResult, _best_of, _prompts
+import time
+
+import pytest
+
+from hybridcache.tools.bandwidth_probe import BUFFER_BYTES, BandwidthProbe
+from hybridcache.tools.bench_peer import SideResult, _bandwidth_fraction, _best_of, _prompts
 
 
 def test_rounds_keep_each_sides_best_speeds_and_largest_memory():
-    slow = SideResult({2048: 100.0}, {2048: 8.0}, 10, 30, 40, 3.0)
-    fast = SideResult({2048: 150.0}, {2048: 7.0}, 12, 25, 45, None)
+    slow = SideResult({2048: 100.0}, {2048: 8.0}, 10, 30, 40, 3.0, {2048: [(8.0, 4e9)]})
+    fast = SideResult({2048: 150.0}, {2048: 7.0}, 12, 25, 45, None, {2048: [(7.0, 2e9), (6.0, 3e9)]})
     best = _best_of([slow, fast])
-    assert best == SideResult({2048: 150.0}, {2048: 8.0}, 12, 30, 45, 3.0)
+    assert best == SideResult({2048: 150.0}, {2048: 8.0}, 12, 30, 45, 3.0,
+                              {2048: [(8.0, 4e9), (7.0, 2e9), (6.0, 3e9)]})
     assert _best_of([fast]).batched_vs_single is None
+
+
+def test_the_bandwidth_fraction_pairs_each_run_with_its_own_window():
+    # 8 tok/s while 4 GB/s was available reaches 0.5 of its limit (1 GB steps); 7 tok/s while only 2 GB/s
+    # was available reaches 0.875: the best pair counts, not the fastest run against the fastest window.
+    side = SideResult({2048: 1.0}, {2048: 8.0}, 1, 1, 1, None, {2048: [(8.0, 4e9), (7.0, 2e9)]})
+    assert _bandwidth_fraction(side, 2048, step_bytes=250_000_000) == pytest.approx(7.0 * 0.25 / 2)
+    assert _bandwidth_fraction(side, 2048, step_bytes=250_000_000) > 8.0 * 0.25 / 4
+
+
+def test_the_probe_reads_its_buffer_for_the_asked_window():
+    probe = BandwidthProbe(threads=1)
+    started = time.perf_counter()
+    sustained = probe.sustained(0.3)
+    elapsed = time.perf_counter() - started
+    assert elapsed >= 0.3
+    # The rate is the bytes of whole passes over the time they took: at least one pass, none cut short.
+    assert BUFFER_BYTES / sustained <= elapsed
+    assert probe.best(repeats=2) > 0
 
 
 def test_each_round_gets_fresh_prompts_of_the_asked_lengths():
