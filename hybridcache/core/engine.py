@@ -33,7 +33,7 @@ from hybridcache.core.cache_report import (
 from hybridcache.core.loop_stall import LoopStallMonitor
 from hybridcache.core.occupancy import occupancy_counts
 from hybridcache.core.requests import Request, RequestStream
-from hybridcache.core.runtime import ModelRuntime
+from hybridcache.core.runtime import ModelRuntime, resolve_device
 from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
@@ -63,7 +63,12 @@ class Engine:
         self.options = options
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
-        self.runtime = ModelRuntime(self.model_dir, options)
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridcache-compute")
+        try:
+            self.runtime = self._load_runtime(options)
+        except BaseException:
+            self._compute.shutdown(wait=False)
+            raise
         self.max_model_len = self.runtime.max_model_len
         self.eos_token_ids = tuple(
             dict.fromkeys(
@@ -100,12 +105,19 @@ class Engine:
         if options.cache.cache_dir is not None:
             self._open_cache_dir(options.cache.cache_dir)
         self.debug_integrity = debug_integrity
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hybridcache-compute")
         self._ids = itertools.count(1)
         self._worker: Worker | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self.loop_stalls = LoopStallMonitor()
+
+    def _load_runtime(self, options: EffectiveOptions) -> ModelRuntime:
+        """On a CPU, load the model on the compute thread that will run it, so the process's torch work
+        stays on one OpenMP team (a second team, even idle, makes every team sleep between parallel regions:
+        `gpu/openmp_threads.py`). On a GPU, load it here, where the CUDA context is made current."""
+        if resolve_device(options.device).type == "cpu":
+            return self._compute.submit(ModelRuntime, self.model_dir, options).result()
+        return ModelRuntime(self.model_dir, options)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:

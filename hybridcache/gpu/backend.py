@@ -20,6 +20,8 @@ from typing import Protocol
 
 import torch
 
+from hybridcache.gpu.openmp_threads import serial_torch_in_this_thread
+
 
 class DeviceError(RuntimeError):
     """A transfer or kernel failed on a stream; engine-wide (spec §6.5 Failure)."""
@@ -163,6 +165,7 @@ class CpuStream:
             self._thread.join()
 
     def _run(self) -> None:
+        serial_torch_in_this_thread()  # a copy thread must not start an OpenMP team of its own (see there)
         while (item := self._jobs.get()) is not None:
             job, runs_after_failure = item
             if self._failure is not None and not runs_after_failure:

@@ -88,7 +88,11 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
     from hybridcache.core.frontend import Frontend
     from hybridcache.core.tokenizer import FrontendError
     from hybridcache.gpu.model import CheckpointError
+    from hybridcache.gpu.openmp_threads import serial_torch_in_this_thread
 
+    # This thread runs the event loop; the model runs on the engine's compute thread. Whatever tensor work
+    # lands here (restoring a cache file) must not start a second OpenMP team (see there).
+    serial_torch_in_this_thread()
     log_ledger(log, "hybridcache serve: effective options", startup_ledger(options, server))
     try:
         model_dir = _model_dir(options)
