@@ -1,0 +1,26 @@
+"""Which cache entries reproduce a cold run bit for bit. Pure arithmetic on positions.
+
+A lane's first ``exact_tokens`` positions were computed the way a cold prefill computes them: by the
+row-tiled prefill, from an exact source. Positions after them came from decode steps (one-row products
+and the recurrent rule), or from a source that was itself inexact, and differ from a cold run in the
+last bits. Exact resumes (``PromptInput.exact_only``) use only exact entries.
+"""
+
+from __future__ import annotations
+
+from hybridcache.cache.ids import BLOCK_TOKENS
+
+
+def block_is_exact(block: int, exact_tokens: int | None) -> bool:
+    """Whether block ``block`` of a lane whose first ``exact_tokens`` positions are exact holds a cold
+    run's KV (None: every position is). Pure."""
+    return exact_tokens is None or (block + 1) * BLOCK_TOKENS <= exact_tokens
+
+
+def snapshot_is_exact(frontier: int, exact_tokens: int | None) -> bool:
+    """Whether a resume from the lane's state at ``frontier`` reproduces a cold run bit for bit. Only at
+    a block boundary: a resumed pass that starts inside a block computes that block's delta-rule
+    sub-chunk in two pieces where a cold run computes one. Pure."""
+    if frontier % BLOCK_TOKENS:
+        return False
+    return exact_tokens is None or frontier <= exact_tokens
