@@ -51,6 +51,8 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int | None = None  # --cache-tap-ladder
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
+    exact_resume: bool = True  # --inexact-resume sets False: also resume from decode-produced entries
+    endpoint_refill: bool = True  # --no-endpoint-refill sets False (core/endpoint_refills.py)
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
@@ -83,6 +85,8 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
     hedges: bool = True
+    exact_resume: bool = True
+    endpoint_refill: bool = True
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
@@ -181,6 +185,8 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
         hedges=cache.hedges,
+        exact_resume=cache.exact_resume,
+        endpoint_refill=cache.endpoint_refill,
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or default_write),

@@ -346,6 +346,15 @@ class Cache(PublicationCalls):
         self._apply(ev.LanePagesGranted(0, lane, tuple(pages)))
         return tuple(pages)
 
+    def resumed_exactly(self, lane: int) -> bool:
+        """Whether the lane's source snapshot and mapped path blocks are all exact
+        (``cache/exactness.py``). Pure."""
+        la = self.index.lanes[LaneId(lane)]
+        source = None if la.resumed_from is None else self.index.snapshots.get(la.resumed_from)
+        if source is not None and source.inexact:
+            return False
+        return not any(node.inexact for node in la.path[: la.base // BLOCK_TOKENS])
+
     # ------------------------------------------------------------------ block commit (§7.6)
     def commit_blocks(
         self,

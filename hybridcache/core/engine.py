@@ -218,6 +218,18 @@ class Engine:
         if self._worker is not None:
             self._worker.post_cancel(request_id)
 
+    async def settle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the worker has no request and no idle-time work (endpoint refills) left; False when
+        ``timeout_s`` passed first or the engine is not running. Reads only (polls every 5 ms)."""
+        deadline = time.monotonic() + timeout_s
+        while (worker := self._worker) is not None and self._failure is None and not worker.stopping:
+            if not (worker.queue or worker.lanes or worker.refills.pending or worker.inbox_pending):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return False
+
     # -- reporting ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         """Counters for /metrics and /v1/cache/stats (a snapshot; reading only)."""

@@ -32,8 +32,9 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.slots import room_for_hedge
-from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
+from hybridcache.cache.tap_planner import TapOptions, TapSource, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
+from hybridcache.core.endpoint_refills import REFILL_CHUNK_TOKENS, EndpointRefills, RefillJob
 from hybridcache.core.lanes import LaneState
 from hybridcache.core.requests import Phase, Request
 from hybridcache.core.worker_stats import WorkerCounters
@@ -112,6 +113,8 @@ class Worker:
         self._trim_heap = heap_trimmer()
         self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
+        self.refills = EndpointRefills()
+        self._refill_lane: LaneState | None = None
 
     # -- inbox ------------------------------------------------------------------------------------
     def post(self, action: Callable[[], None]) -> None:
@@ -123,6 +126,10 @@ class Worker:
 
     def post_cancel(self, request_id: str) -> None:
         self.post(lambda: self._cancel(request_id))
+
+    @property
+    def inbox_pending(self) -> bool:
+        return bool(self._inbox)
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -137,6 +144,7 @@ class Worker:
                 if self.stopping:
                     break
                 self._expire_waiting()
+                self._preempt_refill()
                 self._admit()
                 unit = self._next_unit()
                 if unit is None:
@@ -216,6 +224,7 @@ class Worker:
         return PromptInput(
             prompt.token_ids, prompt.block_hashes, extras, (), window, enabled,
             token_bytes=prompt.token_bytes, salt_key=prompt.extra_key,
+            exact_only=self.options.cache.exact_resume or request.internal,
         )
 
     def _prefetch_for(self, head: Request) -> None:
@@ -266,10 +275,12 @@ class Worker:
                 prompt.num_tokens,
                 staged.reuse_tokens,
                 with_fork_hint(prompt.tap_hints, quote.fork_tokens, staged.reuse_tokens, prompt.num_tokens),
-                self._path_frontiers(lane_id),
+                self._path_frontiers(lane_id, prompt_input.exact_only),
                 self._tap_options,
                 resumed_from_endpoint=resumed is not None and resumed.kind == SnapshotKind.ENDPOINT,
             )
+            if request.internal:  # a refill wants the block-aligned state near its end, no hedges or ladder
+                taps = [t for t in taps if t.source == TapSource.PROMPT_TAIL]
         accounting = RequestAccounting(
             prompt_tokens=prompt.num_tokens,
             reuse_tokens=staged.reuse_tokens,
@@ -305,9 +316,15 @@ class Worker:
             assert staged.state_source_slot is not None
             self.runtime.states.copy_slot(staged.state_source_slot, staged.slot)
         lane.tail_copy = staged.tail_copy
+        if enabled and not prompt_input.exact_only and not self.cache.resumed_exactly(lane_id):
+            lane.exact_tokens = staged.reuse_tokens  # what it computes continues inexact entries
         self.cache.activate(lane_id)
         self.lanes[lane_id] = lane
         request.phase = Phase.PREFILL
+        if request.internal:
+            self._refill_lane = lane
+            request.emit(RequestOutput(request_id=request.id, accounting=accounting))
+            return True
         self.counters.admitted(accounting)
         request.emit(RequestOutput(request_id=request.id, accounting=accounting))
         return True
@@ -337,11 +354,17 @@ class Worker:
             waiting = True
         return waiting
 
-    def _path_frontiers(self, lane_id: int) -> list[int]:
-        """Frontiers of the snapshots already on the lane's matched path (taps dedup against them)."""
+    def _path_frontiers(self, lane_id: int, exact_only: bool) -> list[int]:
+        """Frontiers of the snapshots already on the lane's matched path (taps dedup against them); an
+        exact lane does not count inexact ones, which it never resumes from."""
         index_lane = self.cache.index.lanes[LaneId(lane_id)]
         anchors = [self.cache.index.root, *index_lane.path]
-        return [snap.frontier for node in anchors for snap in node.snapshots]
+        return [
+            snap.frontier
+            for node in anchors
+            for snap in node.snapshots
+            if not (exact_only and snap.inexact)
+        ]
 
     # -- units ------------------------------------------------------------------------------------
     def _next_unit(self):
@@ -354,11 +377,46 @@ class Worker:
             self._last_was_decode = False
             self._next_prefill = (self._next_prefill + 1) % len(prefilling)
             return self._prefill_pass(prefilling[self._next_prefill])
-        return None
+        return self._start_refill()
+
+    # -- endpoint refills (core/endpoint_refills.py) ----------------------------------------------
+    def _start_refill(self):
+        """With no lane and no waiting request: admit the oldest refill job, return its first pass."""
+        if self.queue or self.lanes or not self.refills.pending:
+            return None
+        job = self.refills.take()
+        assert job is not None
+        request = self.refills.request_for(job, time.monotonic())
+        if not self._try_admit(request) or self._refill_lane is None:
+            return None  # no room now, or never: the job is dropped (the cache keeps its inexact entries)
+        self._refill_lane.refill_job = job
+        return self._prefill_pass(self._refill_lane)
+
+    def _preempt_refill(self) -> None:
+        """A request is waiting or running: cancel the refill. Its cancel publishes the block-aligned state
+        it reached, so the job, put back first in line, continues from there at the next idle moment."""
+        lane = self._refill_lane
+        if lane is None or not (self.queue or len(self.lanes) > 1):
+            return
+        self.counters.refills_preempted += 1
+        self.refills.put_back(lane.refill_job)
+        self._finish(lane, "cancelled")
+
+    def _queue_refill(self, lane: LaneState) -> None:
+        """After a request ends, queue the re-prefill of what it computed past its exact positions."""
+        request = lane.request
+        if request.internal or not self.options.cache.endpoint_refill:
+            return
+        if not (request.prompt.prefix_reuse and self.options.cache.prefix_reuse):
+            return
+        if lane.computed <= lane.exact_tokens:
+            return
+        self.refills.add(RefillJob(tuple(lane.tokens[: lane.computed]), request.prompt.extra_key))
 
     async def _prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed
-        end = lane.next_chunk_end(self.options.prefill_chunk)
+        chunk = REFILL_CHUNK_TOKENS if lane.request.internal else self.options.prefill_chunk
+        end = lane.next_chunk_end(chunk)
         if not self._grow(lane, end):
             self._finish(lane, "length")
             return
@@ -375,16 +433,23 @@ class Worker:
         lane.restore = lane.tail_copy = None
         tokens = lane.tokens[start:end]
         final = end == lane.prompt_len
+        sampled = final and not lane.request.internal  # a refill's pass ends nothing
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(
-            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, final, captures
+            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, sampled, captures
         )
         lane.computed = end
-        self.counters.prefill_tokens += end - start
+        if lane.request.internal:
+            self.counters.refill_tokens += end - start
+        else:
+            self.counters.prefill_tokens += end - start
         for frontier in (p for p in due if p > start):
             self._take_tap(lane, frontier)
         lane.inserted_prompt_blocks += self._commit(lane).inserted
-        if final:
+        if final and lane.request.internal:
+            self.counters.refills_finished += 1
+            self._finish(lane, "stop")
+        elif final:
             lane.request.phase = Phase.DECODE
             self._accept_sample(lane, result)
 
@@ -501,8 +566,10 @@ class Worker:
         prompt = lane.request.prompt
         committed = lane.tokens[: lane.computed]
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
-        result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
-        published = self.cache.publish_ready_taps(lane.lane_id, committed)
+        exact = lane.exact_tokens
+        result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras, exact)
+        self.counters.blocks_made_exact += result.made_exact
+        published = self.cache.publish_ready_taps(lane.lane_id, committed, exact)
         self._note_hedges(lane, published)
         self._apply_publication(published)
         return result
@@ -598,17 +665,23 @@ class Worker:
         committed = lane.tokens[: lane.computed]
         prompt = request.prompt
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
+        exact = lane.exact_tokens
         if reason == "cancelled" or error is not None:
-            result: FinishResult = self.cache.cancel(lane.lane_id, committed)
+            result: FinishResult = self.cache.cancel(lane.lane_id, committed, exact)
         else:
-            result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras)
+            result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras, exact)
         self._apply_publication(result.taps)
         self._write_to_host(result.write)
         del self.lanes[lane.lane_id]
         self.free_lanes.append(lane.lane_id)
         request.phase = Phase.DONE
         accounting = self._final_accounting(lane)
-        self.counters.finished(accounting)
+        if request.internal:
+            self._refill_lane = None
+        else:
+            self.counters.finished(accounting)
+        if error is None:
+            self._queue_refill(lane)
         if error is not None:
             request.fail(error)
             return

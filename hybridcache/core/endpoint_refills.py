@@ -1,0 +1,90 @@
+"""Idle-time re-prefill of finished requests' generated tokens (endpoint refills).
+
+A finished request leaves blocks and an endpoint snapshot that decode steps produced: one-row products
+and the recurrent rule, whose last bits no cold prefill reproduces, so they are marked inexact and an exact
+resume stops before them. When the worker has nothing else to do it replays such a request's committed
+tokens as an internal prompt: admitted like any request, resumed from its last exact snapshot, prefilled
+in small chunks through the normal (row-tiled, exact) path. Its commits replace the inexact blocks' copies
+(``BlockMadeExact``) and its prompt-tail tap publishes an exact snapshot at the last block boundary below
+the end. The worker cancels it as soon as a request arrives; the cancel publishes the state it reached
+at its last chunk boundary (exact, block-aligned), so the next idle moment continues from there.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import msgspec
+
+from hybridcache.cache.hashing import block_hashes
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.records import pack_tokens
+from hybridcache.core.api import PreparedPrompt
+from hybridcache.core.requests import Request, RequestStream
+from hybridcache.core.sampling_params import SamplingParams
+
+REFILL_CHUNK_TOKENS = 128
+"""Tokens per refill pass: one row tile of the prefill products, so a request that arrives meanwhile
+waits for at most one such pass."""
+
+MAX_PENDING_REFILLS = 16
+"""Jobs kept waiting for idle time; the oldest is dropped beyond (a busy server has no idle time)."""
+
+_SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+class RefillJob(msgspec.Struct, frozen=True):
+    """Committed tokens of a finished request whose tail a decode produced, under its cache salt key."""
+
+    token_ids: tuple[int, ...]
+    extra_key: int = 0
+
+
+class EndpointRefills:
+    """The jobs waiting for idle time, oldest first. Mutated by the worker only."""
+
+    def __init__(self) -> None:
+        self.pending: deque[RefillJob] = deque()
+        self._ids = itertools.count()
+
+    def add(self, job: RefillJob) -> None:
+        """Queue ``job``; a waiting job whose tokens it extends is dropped (the new one covers it)."""
+        if len(job.token_ids) < BLOCK_TOKENS:
+            return  # no block to make exact, and no block-aligned snapshot past the root
+        tokens = job.token_ids
+        self.pending = deque(
+            old
+            for old in self.pending
+            if not (old.extra_key == job.extra_key and tokens[: len(old.token_ids)] == old.token_ids)
+        )
+        self.pending.append(job)
+        while len(self.pending) > MAX_PENDING_REFILLS:
+            self.pending.popleft()
+
+    def put_back(self, job: RefillJob) -> None:
+        """Return a preempted job to the front: it continues at the next idle moment."""
+        self.pending.appendleft(job)
+
+    def take(self) -> RefillJob | None:
+        return self.pending.popleft() if self.pending else None
+
+    def request_for(self, job: RefillJob, now: float) -> Request:
+        """An internal request that prefills ``job``'s tokens and samples nothing."""
+        tokens = job.token_ids
+        extra = job.extra_key
+        full_blocks = len(tokens) // BLOCK_TOKENS
+        prompt = PreparedPrompt(
+            token_ids=tokens,
+            block_hashes=tuple(block_hashes(tokens, [extra] * full_blocks if extra else None)),
+            extra_key=extra,
+            token_bytes=pack_tokens(tokens),
+        )
+        request_id = f"refill-{next(self._ids)}"
+        request = Request(request_id, prompt, _SAMPLING, RequestStream(request_id, _ignore_cancel), now)
+        request.internal = True
+        return request
+
+
+def _ignore_cancel(request_id: str) -> None:
+    """Nobody listens to a refill's stream, so nobody closes it."""
