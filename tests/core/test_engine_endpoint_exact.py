@@ -4,6 +4,7 @@ bit; before the re-prefill an exact resume stops at the last prefill-produced sn
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,22 @@ ANSWER = 150  # tokens of the first turn's answer: two whole blocks and a partia
 @pytest.fixture(scope="module")
 def frontend(micro_checkpoint: Path) -> Frontend:
     return Frontend.from_dir(micro_checkpoint, 32768)
+
+
+@pytest.fixture(scope="module")
+def moe_with_tokenizer(tmp_path_factory: pytest.TempPathFactory, micro_checkpoint: Path) -> Path:
+    """A tiny Qwen3.5-MoE (transformers-saved) served with the micro checkpoint's byte tokenizer."""
+    from tests.gpu.model_testkit import build_reference_checkpoint
+
+    directory = build_reference_checkpoint(tmp_path_factory.mktemp("moe") / "ckpt", moe=True, seed=1)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(micro_checkpoint / name, directory / name)
+    return directory
+
+
+@pytest.fixture(params=["dense", "moe"])
+def model_dir(request, micro_checkpoint: Path) -> Path:
+    return micro_checkpoint if request.param == "dense" else request.getfixturevalue("moe_with_tokenizer")
 
 
 async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str) -> Generated:
@@ -54,14 +71,15 @@ async def chat_turns(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 async def test_a_follow_up_resumes_inside_the_answer_exactly_after_the_idle_refill(
-    micro_checkpoint: Path, frontend: Frontend, dtype: str
+    model_dir: Path, dtype: str
 ):
-    resumed, follow_up, stats = await chat_turns(micro_checkpoint, frontend, dtype)
+    frontend = Frontend.from_dir(model_dir, 32768)  # the MoE model's vocabulary is larger than micro's
+    resumed, follow_up, stats = await chat_turns(model_dir, frontend, dtype)
     computed = 300 + ANSWER - 1  # the last sampled token has no KV yet
     assert stats["endpoint_refills_finished"] == 1
     assert stats["blocks_made_exact"] == computed // BLOCK_TOKENS - 300 // BLOCK_TOKENS
     assert resumed.accounting.reuse_tokens == (computed - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-    cold = await cold_run(micro_checkpoint, frontend, follow_up, dtype)
+    cold = await cold_run(model_dir, frontend, follow_up, dtype)
     assert resumed.first_logprobs == cold.first_logprobs  # bit for bit, every top-20 entry
     assert resumed.tokens == cold.tokens
 
