@@ -235,11 +235,15 @@ class Engine:
         """Counters for /metrics and /v1/cache/stats (a snapshot; reading only)."""
         worker = self._worker
         index = self.cache.index
-        running = 0 if worker is None else len(worker.lanes)
+        lanes = [] if worker is None else list(worker.lanes.values())
+        refilling = sum(lane.request.internal for lane in lanes)
         waiting = 0 if worker is None else len(worker.queue)
         stats: dict[str, object] = {
-            "requests_running": running,
+            "requests_running": len(lanes) - refilling,
             "requests_waiting": waiting,
+            # idle-time work (core/endpoint_refills.py): jobs waiting, and the one running
+            "endpoint_refills_pending": 0 if worker is None else len(worker.refills.pending),
+            "endpoint_refills_running": refilling,
             "stopping": bool(worker and worker.stopping) or self._failure is not None,
             "prefix_cache_nodes": len(index.nodes) - 1,
             "prefix_cache_snapshots": len(index.snapshots),
