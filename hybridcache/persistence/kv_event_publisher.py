@@ -75,6 +75,7 @@ COVER_EVENTS = (
     ev.DeviceCopiesDropped,
     ev.SubtreeDeleted,
     ev.NodeHostDropped,
+    ev.BlockMadeExact,  # drops an inexact host copy
 )
 
 
