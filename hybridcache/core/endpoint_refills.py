@@ -35,10 +35,19 @@ _SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 class RefillJob(msgspec.Struct, frozen=True):
-    """Committed tokens of a finished request whose tail a decode produced, under its cache salt key."""
+    """Committed tokens of a finished request whose first `exact_tokens` were computed exactly (its
+    prefill) and the rest by decode steps, under its cache salt key."""
 
     token_ids: tuple[int, ...]
+    exact_tokens: int
     extra_key: int = 0
+
+    def worth_running(self, resume_at: int) -> bool:
+        """Whether a refill that resumes at `resume_at` computes about what the request's decode did: from
+        the block boundary below its exact end, plus a chunk. Earlier (the request's exact snapshots were
+        evicted), the idle work would recompute a whole prompt to fix an answer: not worth it. Pure."""
+        start = max(0, self.exact_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        return resume_at >= start - REFILL_CHUNK_TOKENS
 
 
 class EndpointRefills:

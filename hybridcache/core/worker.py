@@ -382,15 +382,17 @@ class Worker:
     # -- endpoint refills (core/endpoint_refills.py) ----------------------------------------------
     def _start_refill(self):
         """With no lane and no waiting request: admit the oldest refill job, return its first pass."""
-        if self.queue or self.lanes or not self.refills.pending:
+        if self.queue or self.lanes:
             return None
-        job = self.refills.take()
-        assert job is not None
-        request = self.refills.request_for(job, time.monotonic())
-        if not self._try_admit(request) or self._refill_lane is None:
-            return None  # no room now, or never: the job is dropped (the cache keeps its inexact entries)
-        self._refill_lane.refill_job = job
-        return self._prefill_pass(self._refill_lane)
+        while (job := self.refills.take()) is not None:
+            request = self.refills.request_for(job, time.monotonic())
+            if not job.worth_running(self.cache.quote(self._prompt_input(request)).reuse_tokens):
+                continue  # its exact start was evicted: dropped
+            if not self._try_admit(request) or self._refill_lane is None:
+                continue  # no room now, or never: dropped (the cache keeps its inexact entries)
+            self._refill_lane.refill_job = job
+            return self._prefill_pass(self._refill_lane)
+        return None
 
     def _preempt_refill(self) -> None:
         """A request is waiting or running: cancel the refill. Its cancel publishes the block-aligned state
@@ -411,7 +413,8 @@ class Worker:
             return
         if lane.computed <= lane.exact_tokens:
             return
-        self.refills.add(RefillJob(tuple(lane.tokens[: lane.computed]), request.prompt.extra_key))
+        tokens = tuple(lane.tokens[: lane.computed])
+        self.refills.add(RefillJob(tokens, lane.exact_tokens, request.prompt.extra_key))
 
     async def _prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed

@@ -134,3 +134,21 @@ async def test_a_request_arriving_mid_refill_waits_one_chunk_and_the_refill_cont
     cold = await cold_run(micro_checkpoint, frontend, follow_up, "auto")
     assert resumed.first_logprobs == cold.first_logprobs
     assert resumed.tokens == cold.tokens
+
+
+def test_a_refill_whose_exact_start_was_evicted_is_dropped():
+    from hybridcache.core.endpoint_refills import RefillJob
+
+    job = RefillJob(tuple(range(1000)), exact_tokens=800)  # the prompt's tail tap sat at 768
+    assert job.worth_running(768) and job.worth_running(640)  # a chunk earlier is still fine
+    assert not job.worth_running(576) and not job.worth_running(0)
+
+
+def test_a_newer_turn_replaces_the_waiting_refill_of_the_turn_it_extends():
+    from hybridcache.core.endpoint_refills import EndpointRefills, RefillJob
+
+    refills = EndpointRefills()
+    refills.add(RefillJob(tuple(range(300)), 200))
+    refills.add(RefillJob(tuple(range(500)), 400))  # the next turn of the same conversation
+    refills.add(RefillJob(tuple(range(500)), 400, extra_key=7))  # the same tokens under another salt
+    assert [(len(job.token_ids), job.extra_key) for job in refills.pending] == [(500, 0), (500, 7)]
