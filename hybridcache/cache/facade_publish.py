@@ -142,11 +142,13 @@ class PublicationCalls(_Base):
         block_hashes: Sequence[int] | None = None,
         extras: Sequence[int] | None = None,
         exact_tokens: int | None = None,
+        inexact_endpoint: bool = True,
     ) -> FinishResult:
         """Terminal settlement: commit, publish ready taps, take the endpoint snapshot (the lane's image
         by role change, its partial last page as the tail), write the endpoint (and, in THROUGH mode,
         the lane's device-only blocks) to the host, and release the lane. ``tokens``: every committed
-        token; ``exact_tokens`` as for ``commit_blocks``. Mutates."""
+        token; ``exact_tokens`` as for ``commit_blocks``; an inexact endpoint is skipped unless
+        ``inexact_endpoint`` (an engine that resumes only exactly never uses one). Mutates."""
         la = self.index.lanes.get(LaneId(lane))
         if la is None:
             raise KeyError(f"lane {lane} is not staged")
@@ -155,17 +157,25 @@ class PublicationCalls(_Base):
         taps = PublishResult((), (), None)
         if la.enabled:
             taps = self.publish_ready_taps(lane, tokens, exact_tokens)
-        endpoint, skipped = self._publish_endpoint(la, tokens, exact_tokens)
+        endpoint, skipped = self._publish_endpoint(la, tokens, exact_tokens, inexact_endpoint)
         snaps = [] if endpoint is None else [self.index.snapshots[endpoint]]
         write = self._plan_write(self._written_through(la), snaps)
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(endpoint, skipped, taps, write)
 
-    def cancel(self, lane: int, tokens: Sequence[int], exact_tokens: int | None = None) -> FinishResult:
+    def cancel(
+        self,
+        lane: int,
+        tokens: Sequence[int],
+        exact_tokens: int | None = None,
+        inexact_endpoint: bool = True,
+    ) -> FinishResult:
         """Cancel: finish semantics after at least one committed unit, else a plain release. Mutates."""
         la = self.index.lanes[LaneId(lane)]
         if la.activated and len(tokens) > la.base:
-            return self.finish(lane, tokens, exact_tokens=exact_tokens)
+            return self.finish(
+                lane, tokens, exact_tokens=exact_tokens, inexact_endpoint=inexact_endpoint
+            )
         return self.release(lane)
 
     def release(self, lane: int) -> FinishResult:
@@ -191,7 +201,7 @@ class PublicationCalls(_Base):
         return deepest
 
     def _publish_endpoint(
-        self, la: Lane, tokens: Sequence[int], exact_tokens: int | None
+        self, la: Lane, tokens: Sequence[int], exact_tokens: int | None, inexact_endpoint: bool
     ) -> tuple[SnapshotId | None, str | None]:
         index = self.index
         frontier = len(tokens)
@@ -199,6 +209,8 @@ class PublicationCalls(_Base):
         if not la.enabled or la.slot is None or not la.activated:
             return None, "disabled or inactive"
         exact = snapshot_is_exact(frontier, exact_tokens)
+        if not exact and not inexact_endpoint:
+            return None, "inexact (exact resumes only)"
         deepest = self._deepest_on_path(la, tokens, frontier, exact)
         if frontier - deepest < BLOCK_TOKENS or len(la.path) < full:
             return None, "within 64 tokens of a snapshot"

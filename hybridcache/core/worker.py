@@ -669,10 +669,13 @@ class Worker:
         prompt = request.prompt
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         exact = lane.exact_tokens
+        keep_inexact = not self.options.cache.exact_resume  # an exact-only engine never resumes from one
         if reason == "cancelled" or error is not None:
-            result: FinishResult = self.cache.cancel(lane.lane_id, committed, exact)
+            result: FinishResult = self.cache.cancel(lane.lane_id, committed, exact, keep_inexact)
         else:
-            result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras, exact)
+            result = self.cache.finish(
+                lane.lane_id, committed, prompt.block_hashes, extras, exact, keep_inexact
+            )
         self._apply_publication(result.taps)
         self._write_to_host(result.write)
         del self.lanes[lane.lane_id]

@@ -84,3 +84,15 @@ def test_an_exact_snapshot_takes_the_place_of_an_inexact_one_at_the_same_point()
     at_384 = [s for s in cache.index.snapshots.values() if s.frontier == 384]
     assert len(at_384) == 1 and not at_384[0].inexact and at_384[0].id != first
     assert cache.quote(exact(history + tokens(40, 2))).reuse_tokens == 384
+
+
+def test_an_engine_that_resumes_only_exactly_keeps_no_inexact_endpoint():
+    cache = checked_cache()
+    history = tokens(PROMPT + 150)
+    quoted = cache.quote(exact(history))
+    cache.stage(quoted, 0)
+    cache.activate(0)
+    assert len(cache.block_table(0)) * BLOCK_TOKENS >= len(history)  # the output window covers it
+    finished = cache.finish(0, history, exact_tokens=PROMPT, inexact_endpoint=False)
+    assert finished.endpoint is None and finished.endpoint_skipped == "inexact (exact resumes only)"
+    assert not cache.index.snapshots
