@@ -18,9 +18,10 @@ def block_is_exact(block: int, exact_tokens: int | None) -> bool:
 
 
 def snapshot_is_exact(frontier: int, exact_tokens: int | None) -> bool:
-    """Whether a resume from the lane's state at ``frontier`` reproduces a cold run bit for bit. Only at
-    a block boundary: a resumed pass that starts inside a block computes that block's delta-rule
-    sub-chunk in two pieces where a cold run computes one. Pure."""
-    if frontier % BLOCK_TOKENS:
-        return False
-    return exact_tokens is None or frontier <= exact_tokens
+    """Whether a resume from the lane's state at ``frontier`` reproduces a cold run bit for bit (None: the
+    caller does not track exactness, as the simulator, and every snapshot counts as exact). Only at a
+    block boundary: a resumed pass that starts inside a block computes that block's delta-rule sub-chunk
+    in two pieces where a cold run computes one. Pure."""
+    if exact_tokens is None:
+        return True
+    return frontier % BLOCK_TOKENS == 0 and frontier <= exact_tokens

@@ -366,10 +366,10 @@ class Cache(PublicationCalls):
     ) -> CommitResult:
         """Commit every full block of ``tokens`` (the lane's committed tokens) not yet on its path:
         Duplicate, adopt a host-only node, or insert. Blocks past the lane's first ``exact_tokens``
-        positions (None: none) are inexact (``cache/exactness.py``): inserted as such, and an exact block
-        replaces the copies of an inexact node no one else maps. An inexact block never becomes the
-        copy of an exact node: the commit stops at an exact host-only node it would adopt. Disabled lanes
-        commit nothing. Mutates."""
+        positions are inexact (``cache/exactness.py``; None: exactness is not tracked, every block is
+        exact): inserted as such, and an exact block replaces the copies of an inexact node no one else
+        maps. An inexact block never becomes the copy of an exact node: the commit stops at an exact
+        host-only node it would adopt. Disabled lanes commit nothing. Mutates."""
         index = self.index
         la = index.lanes[LaneId(lane)]
         inserted = adopted = duplicates = made_exact = 0
