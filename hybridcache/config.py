@@ -53,6 +53,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
     exact_resume: bool = True  # --inexact-resume sets False: also resume from decode-produced entries
     endpoint_refill: bool = True  # --no-endpoint-refill sets False (core/endpoint_refills.py)
+    device_snapshot_copies: bool | None = None  # keep host-backed snapshots' device copies; None: not on CPUs
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
@@ -87,6 +88,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     hedges: bool = True
     exact_resume: bool = True
     endpoint_refill: bool = True
+    device_snapshot_copies: bool | None = None  # None: resolved by the runtime from its device
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
@@ -187,6 +189,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         hedges=cache.hedges,
         exact_resume=cache.exact_resume,
         endpoint_refill=cache.endpoint_refill,
+        device_snapshot_copies=cache.device_snapshot_copies,
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or default_write),

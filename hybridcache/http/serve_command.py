@@ -193,7 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-endpoint-refill",
         action="store_true",
         help="do not re-prefill finished requests' generated tokens while idle (that makes their blocks "
-        "and an aligned snapshot near their end exact)",
+        "and a snapshot at their end exact)",
     )
 
 
