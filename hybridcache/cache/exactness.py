@@ -18,10 +18,19 @@ def block_is_exact(block: int, exact_tokens: int | None) -> bool:
 
 
 def snapshot_is_exact(frontier: int, exact_tokens: int | None) -> bool:
-    """Whether a resume from the lane's state at ``frontier`` reproduces a cold run bit for bit (None: the
-    caller does not track exactness, as the simulator, and every snapshot counts as exact). Only at a
-    block boundary: a resumed pass that starts inside a block computes that block's delta-rule sub-chunk
-    in two pieces where a cold run computes one. Pure."""
+    """Whether a resume from a tap the lane's prefill took at ``frontier`` reproduces a cold run bit for
+    bit (None: the caller does not track exactness, as the simulator, and every snapshot counts as exact).
+    Any position counts, inside a block too: a tap inside a block is captured inside the pass with the
+    layer inputs since the block boundary (a pending tail), and the resumed pass recomputes that delta-rule
+    sub-chunk whole, as a cold run does; a tap at a pass's end lies on a block boundary. Pure."""
+    return exact_tokens is None or frontier <= exact_tokens
+
+
+def endpoint_is_exact(frontier: int, exact_tokens: int | None) -> bool:
+    """Whether the lane's own state at ``frontier``, taken as its endpoint, reproduces a cold run bit for
+    bit. Only on a block boundary: the lane's state after its last pass or decode step is plain (no pending
+    tail), so a resume inside a block would compute that block's delta-rule sub-chunk in two pieces where a
+    cold run computes one. Pure."""
     if exact_tokens is None:
         return True
     return frontier % BLOCK_TOKENS == 0 and frontier <= exact_tokens

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
-from hybridcache.cache.exactness import snapshot_is_exact
+from hybridcache.cache.exactness import endpoint_is_exact, snapshot_is_exact
 from hybridcache.cache.facade_results import (
     FinishResult,
     HostWritePlan,
@@ -208,7 +208,7 @@ class PublicationCalls(_Base):
         full, tail_len = divmod(frontier, BLOCK_TOKENS)
         if not la.enabled or la.slot is None or not la.activated:
             return None, "disabled or inactive"
-        exact = snapshot_is_exact(frontier, exact_tokens)
+        exact = endpoint_is_exact(frontier, exact_tokens)
         if not exact and not inexact_endpoint:
             return None, "inexact (exact resumes only)"
         deepest = self._deepest_on_path(la, tokens, frontier, exact)

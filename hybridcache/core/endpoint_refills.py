@@ -3,11 +3,13 @@
 A finished request leaves blocks and an endpoint snapshot that decode steps produced: one-row products
 and the recurrent rule, whose last bits no cold prefill reproduces, so they are marked inexact and an exact
 resume stops before them. When the worker has nothing else to do it replays such a request's committed
-tokens as an internal prompt: admitted like any request, resumed from its last exact snapshot, prefilled
-in small chunks through the normal (row-tiled, exact) path. Its commits replace the inexact blocks' copies
-(``BlockMadeExact``) and its prompt-tail tap publishes an exact snapshot at the last block boundary below
-the end. The worker cancels it as soon as a request arrives; the cancel publishes the state it reached
-at its last chunk boundary (exact, block-aligned), so the next idle moment continues from there.
+tokens and its last sampled token as an internal prompt: admitted like any request, resumed from its last
+exact snapshot, prefilled in small chunks through the normal (row-tiled, exact) path. Its commits replace
+the inexact blocks' copies (``BlockMadeExact``) and its prompt-tail tap, captured inside the last pass at
+n - 1, publishes an exact snapshot where the request's decode ended: where a next turn that holds the whole
+answer resumes. The worker (``core/refill_scheduler.py``) cancels it as soon as a request arrives; the
+cancel publishes the state it reached at its last chunk boundary (exact, block-aligned), so the next idle
+moment continues from there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import msgspec
 from hybridcache.cache.hashing import block_hashes
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.records import pack_tokens
+from hybridcache.cache.tap_planner import PlannedTap, TapSource
 from hybridcache.core.api import PreparedPrompt
 from hybridcache.core.requests import Request, RequestStream
 from hybridcache.core.sampling_params import SamplingParams
@@ -34,9 +37,15 @@ MAX_PENDING_REFILLS = 16
 _SAMPLING = SamplingParams(max_tokens=1, temperature=0.0)
 
 
+def refill_taps(planned: list[PlannedTap]) -> list[PlannedTap]:
+    """A refill keeps only its prompt-tail tap (the state at the answer's end); no hedges or ladder: the
+    request it replays took those. Pure."""
+    return [tap for tap in planned if tap.source == TapSource.PROMPT_TAIL]
+
+
 class RefillJob(msgspec.Struct, frozen=True):
-    """Committed tokens of a finished request whose first `exact_tokens` were computed exactly (its
-    prefill) and the rest by decode steps, under its cache salt key."""
+    """Tokens of a finished request (committed ones and its last sampled one) whose first `exact_tokens`
+    were computed exactly (its prefill) and the rest by decode steps, under its cache salt key."""
 
     token_ids: tuple[int, ...]
     exact_tokens: int
@@ -60,7 +69,7 @@ class EndpointRefills:
     def add(self, job: RefillJob) -> None:
         """Queue ``job``; a waiting job whose tokens it extends is dropped (the new one covers it)."""
         if len(job.token_ids) < BLOCK_TOKENS:
-            return  # no block to make exact, and no block-aligned snapshot past the root
+            return  # too short to be worth a lane
         tokens = job.token_ids
         self.pending = deque(
             old

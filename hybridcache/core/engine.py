@@ -81,7 +81,10 @@ class Engine:
         self.kv_events = None
         if options.cache.kv_events is not None:
             self.kv_events = KvEventPublisher(
-                options.cache.kv_events, self.runtime.geometry, options.cache.kv_events_replay
+                options.cache.kv_events,
+                self.runtime.geometry,
+                options.cache.kv_events_replay,
+                exact_only=options.cache.exact_resume,
             )
         self.cache = Cache(
             self.runtime.geometry,

@@ -32,10 +32,11 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.slots import room_for_hedge
-from hybridcache.cache.tap_planner import TapOptions, TapSource, plan_taps, with_fork_hint
+from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
-from hybridcache.core.endpoint_refills import REFILL_CHUNK_TOKENS, EndpointRefills, RefillJob
+from hybridcache.core.endpoint_refills import refill_taps
 from hybridcache.core.lanes import LaneState
+from hybridcache.core.refill_scheduler import RefillScheduler
 from hybridcache.core.requests import Phase, Request
 from hybridcache.core.worker_stats import WorkerCounters
 from hybridcache.gpu.backend import DeviceError, DeviceEvent
@@ -113,8 +114,7 @@ class Worker:
         self._trim_heap = heap_trimmer()
         self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
-        self.refills = EndpointRefills()
-        self._refill_lane: LaneState | None = None
+        self.refills = RefillScheduler(self)
 
     # -- inbox ------------------------------------------------------------------------------------
     def post(self, action: Callable[[], None]) -> None:
@@ -144,7 +144,7 @@ class Worker:
                 if self.stopping:
                     break
                 self._expire_waiting()
-                self._preempt_refill()
+                self.refills.preempt_if_busy()
                 self._admit()
                 unit = self._next_unit()
                 if unit is None:
@@ -210,13 +210,13 @@ class Worker:
             if request.cancelled:
                 self.queue.popleft()
                 continue
-            if not self._try_admit(request):
+            if not self.try_admit(request):
                 break  # the FIFO head is blocked; nothing overtakes it (§6.3)
             self.queue.popleft()
         if self.queue and not self.queue[0].cancelled:
             self._prefetch_for(self.queue[0])
 
-    def _prompt_input(self, request: Request) -> PromptInput:
+    def prompt_input(self, request: Request) -> PromptInput:
         prompt = request.prompt
         enabled = prompt.prefix_reuse and self.options.cache.prefix_reuse
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
@@ -236,7 +236,7 @@ class Worker:
         if self._prefetch_head is head and not self._prefetch_copied and room <= self._prefetch_room:
             return
         keep_free = len(self.lanes)  # one page of growth per running lane stays free
-        plan = self.cache.prefetch(self._prompt_input(head), keep_free=keep_free)
+        plan = self.cache.prefetch(self.prompt_input(head), keep_free=keep_free)
         self._prefetch_head, self._prefetch_room = head, room
         self._prefetch_copied = plan is not None
         if plan is None:
@@ -253,9 +253,9 @@ class Worker:
 
         self._watch(ticket.done, landed)
 
-    def _try_admit(self, request: Request) -> bool:
+    def try_admit(self, request: Request) -> bool:
         prompt = request.prompt
-        prompt_input = self._prompt_input(request)
+        prompt_input = self.prompt_input(request)
         enabled = prompt_input.enabled
         quote = self.cache.quote(prompt_input)
         if quote.readiness == Readiness.TEMPORARILY_BLOCKED:
@@ -279,8 +279,7 @@ class Worker:
                 self._tap_options,
                 resumed_from_endpoint=resumed is not None and resumed.kind == SnapshotKind.ENDPOINT,
             )
-            if request.internal:  # a refill wants the block-aligned state near its end, no hedges or ladder
-                taps = [t for t in taps if t.source == TapSource.PROMPT_TAIL]
+            taps = refill_taps(taps) if request.internal else taps
         accounting = RequestAccounting(
             prompt_tokens=prompt.num_tokens,
             reuse_tokens=staged.reuse_tokens,
@@ -321,11 +320,8 @@ class Worker:
         self.cache.activate(lane_id)
         self.lanes[lane_id] = lane
         request.phase = Phase.PREFILL
-        if request.internal:
-            self._refill_lane = lane
-            request.emit(RequestOutput(request_id=request.id, accounting=accounting))
-            return True
-        self.counters.admitted(accounting)
+        if not request.internal:  # a refill is idle-time work, not a request
+            self.counters.admitted(accounting)
         request.emit(RequestOutput(request_id=request.id, accounting=accounting))
         return True
 
@@ -359,12 +355,8 @@ class Worker:
         exact lane does not count inexact ones, which it never resumes from."""
         index_lane = self.cache.index.lanes[LaneId(lane_id)]
         anchors = [self.cache.index.root, *index_lane.path]
-        return [
-            snap.frontier
-            for node in anchors
-            for snap in node.snapshots
-            if not (exact_only and snap.inexact)
-        ]
+        snapshots = (snap for node in anchors for snap in node.snapshots)
+        return [snap.frontier for snap in snapshots if not (exact_only and snap.inexact)]
 
     # -- units ------------------------------------------------------------------------------------
     def _next_unit(self):
@@ -376,52 +368,14 @@ class Worker:
         if prefilling:
             self._last_was_decode = False
             self._next_prefill = (self._next_prefill + 1) % len(prefilling)
-            return self._prefill_pass(prefilling[self._next_prefill])
-        return self._start_refill()
+            return self.prefill_pass(prefilling[self._next_prefill])
+        return self.refills.start_if_idle()
 
-    # -- endpoint refills (core/endpoint_refills.py) ----------------------------------------------
-    def _start_refill(self):
-        """With no lane and no waiting request: admit the oldest refill job, return its first pass."""
-        if self.queue or self.lanes:
-            return None
-        while (job := self.refills.take()) is not None:
-            request = self.refills.request_for(job, time.monotonic())
-            if not job.worth_running(self.cache.quote(self._prompt_input(request)).reuse_tokens):
-                continue  # its exact start was evicted: dropped
-            if not self._try_admit(request) or self._refill_lane is None:
-                continue  # no room now, or never: dropped (the cache keeps its inexact entries)
-            self._refill_lane.refill_job = job
-            return self._prefill_pass(self._refill_lane)
-        return None
-
-    def _preempt_refill(self) -> None:
-        """A request is waiting or running: cancel the refill. Its cancel publishes the block-aligned state
-        it reached, so the job, put back first in line, continues from there at the next idle moment."""
-        lane = self._refill_lane
-        if lane is None or not (self.queue or len(self.lanes) > 1):
-            return
-        self.counters.refills_preempted += 1
-        self.refills.put_back(lane.refill_job)
-        self._finish(lane, "cancelled")
-
-    def _queue_refill(self, lane: LaneState) -> None:
-        """After a request ends, queue the re-prefill of what it computed past its exact positions."""
-        request = lane.request
-        if request.internal or not self.options.cache.endpoint_refill:
-            return
-        if not (request.prompt.prefix_reuse and self.options.cache.prefix_reuse):
-            return
-        if lane.computed <= lane.exact_tokens:
-            return
-        tokens = tuple(lane.tokens[: lane.computed])
-        self.refills.add(RefillJob(tokens, lane.exact_tokens, request.prompt.extra_key))
-
-    async def _prefill_pass(self, lane: LaneState) -> None:
+    async def prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed
-        chunk = REFILL_CHUNK_TOKENS if lane.request.internal else self.options.prefill_chunk
-        end = lane.next_chunk_end(chunk)
+        end = lane.next_chunk_end(self.refills.chunk_tokens(lane, self.options.prefill_chunk))
         if not self._grow(lane, end):
-            self._finish(lane, "length")
+            self.finish_lane(lane, "length")
             return
         due = lane.taps_due(start, end)
         for frontier in (p for p in due if p == start):
@@ -442,17 +396,13 @@ class Worker:
             self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, sampled, captures
         )
         lane.computed = end
-        if lane.request.internal:
-            self.counters.refill_tokens += end - start
-        else:
-            self.counters.prefill_tokens += end - start
         for frontier in (p for p in due if p > start):
             self._take_tap(lane, frontier)
         lane.inserted_prompt_blocks += self._commit(lane).inserted
-        if final and lane.request.internal:
-            self.counters.refills_finished += 1
-            self._finish(lane, "stop")
-        elif final:
+        if self.refills.after_pass(lane, end - start, final):
+            return  # a refill's pass: counted apart, samples nothing
+        self.counters.prefill_tokens += end - start
+        if final:
             lane.request.phase = Phase.DECODE
             self._accept_sample(lane, result)
 
@@ -487,7 +437,7 @@ class Worker:
             if self._grow(lane, lane.computed + 1):
                 ready.append(lane)
             else:
-                self._finish(lane, "length")  # bounded completion: the pool cannot extend
+                self.finish_lane(lane, "length")  # bounded completion: the pool cannot extend
         if not ready:
             return
         loop = asyncio.get_running_loop()
@@ -541,7 +491,7 @@ class Worker:
         if reason is None:
             request.emit(RequestOutput(request_id=request.id, token_ids=(token,), logprobs=logprobs))
         else:
-            self._finish(lane, reason, (token,), logprobs)
+            self.finish_lane(lane, reason, (token,), logprobs)
 
     # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
     def _take_tap(self, lane: LaneState, frontier: int) -> None:
@@ -660,7 +610,7 @@ class Worker:
             log.exception("a transfer failed while stopping")
 
     # -- finish, cancel, stop (§7.7) --------------------------------------------------------------
-    def _finish(
+    def finish_lane(
         self,
         lane: LaneState,
         reason: str,
@@ -688,12 +638,9 @@ class Worker:
         self.free_lanes.append(lane.lane_id)
         request.phase = Phase.DONE
         accounting = self._final_accounting(lane)
-        if request.internal:
-            self._refill_lane = None
-        else:
+        if not request.internal:
             self.counters.finished(accounting)
-        if error is None:
-            self._queue_refill(lane)
+        self.refills.after_finish(lane, failed=error is not None)
         if error is not None:
             request.fail(error)
             return
@@ -732,7 +679,7 @@ class Worker:
                 return
         for lane in list(self.lanes.values()):
             if lane.request.id == request_id:
-                self._finish(lane, "cancelled")
+                self.finish_lane(lane, "cancelled")
                 return
 
     def _shutdown(self) -> None:
@@ -742,7 +689,7 @@ class Worker:
             if not request.cancelled:
                 request.fail(unavailable)
         for lane in list(self.lanes.values()):
-            self._finish(lane, "cancelled", error=unavailable)
+            self.finish_lane(lane, "cancelled", error=unavailable)
         cache_options = self.engine.options.cache
         if cache_options.prefix_cache_file is not None or cache_options.cache_dir is not None:
             self._write_to_host(self.cache.flush_to_host())  # what persists is what the host tier holds

@@ -177,7 +177,7 @@ def build_cases(n: int, fresh: Sequence[list[int]]) -> list[Case]:
 def endpoint_case(prompt: list[int], answer: list[int], new_text: list[int]) -> Case:
     """A chat-like follow-up: `prompt`, the greedy `answer` it gets, then `new_text`. The answer's blocks
     and endpoint come from decode steps until the engine, idle, re-prefills them exactly; the follow-up
-    then resumes inside the answer, at the block boundary below its end. Pure."""
+    then resumes at the answer's end (the re-prefill's tail tap, where the decode ended). Pure."""
     return Case("endpoint.follow_up.refilled", "device", [prompt], prompt + answer + new_text, len(answer))
 
 

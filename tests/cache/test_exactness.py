@@ -12,6 +12,7 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.match import PromptInput, Readiness
 from hybridcache.cache.records import Residency
+from hybridcache.cache.resumable_cover import ResumableCover, Tier
 from hybridcache.cache.write_back import HostWrite
 
 PROMPT = 300
@@ -96,3 +97,35 @@ def test_an_engine_that_resumes_only_exactly_keeps_no_inexact_endpoint():
     finished = cache.finish(0, history, exact_tokens=PROMPT, inexact_endpoint=False)
     assert finished.endpoint is None and finished.endpoint_skipped == "inexact (exact resumes only)"
     assert not cache.index.snapshots
+
+
+def test_a_prefill_tap_inside_a_block_is_exact_and_the_lane_state_there_is_not():
+    cache = checked_cache()
+    toks = tokens(PROMPT)
+    endpoint = serve(cache, toks, 0, PROMPT, PROMPT)  # the lane's plain state at 300, inside block 4
+    assert endpoint is not None and cache.index.snapshots[endpoint].inexact
+    follow_up = toks + tokens(50, 3)
+    assert cache.quote(exact(follow_up)).reuse_tokens == 0  # blocks without an exact state resume nothing
+    assert cache.quote(prompt(follow_up)).reuse_tokens == PROMPT  # an inexact resume would start there
+    serve(cache, toks, 1, PROMPT, PROMPT, taps=[PROMPT - 1])  # captured inside the pass (a pending tail)
+    tap = next(s for s in cache.index.snapshots.values() if s.frontier == PROMPT - 1)
+    assert not tap.inexact
+    assert cache.quote(exact(follow_up)).reuse_tokens == PROMPT - 1
+
+
+def test_an_exact_only_cover_tells_a_router_only_what_an_exact_resume_uses():
+    cache = checked_cache()
+    history = tokens(PROMPT + 150)
+    serve(cache, history, 0, len(history), PROMPT, taps=[256])
+    exact_cover, inexact_cover = ResumableCover(exact_only=True), ResumableCover()
+    blocks = {c.tier: len(c.blocks) for c in exact_cover.update(cache.index)}
+    assert blocks == {Tier.DEVICE: 4, Tier.HOST: 4}  # up to the tap at 256, not the decode blocks below
+    inexact_cover.update(cache.index)
+    assert inexact_cover.num_covered(Tier.DEVICE) == 7  # an inexact resume uses the endpoint's path
+    serve(cache, history, 1, len(history), len(history), taps=[len(history) - 1])  # the refill
+    grown = exact_cover.update(cache.index)
+    suffixes = sorted((c.tier, c.stored, len(c.blocks)) for c in grown)
+    assert suffixes == [(Tier.DEVICE, True, 3), (Tier.HOST, True, 3)]  # the blocks the refill made exact
+    fourth = next(c for c in exact_cover.covered() if c.tier == Tier.DEVICE).blocks[3]
+    assert grown[0].blocks[0].parent_hash == fourth.lookup_hash  # hangs under what the router holds
+    assert exact_cover.num_covered(Tier.DEVICE) == inexact_cover.num_covered(Tier.DEVICE) == 7

@@ -1,6 +1,7 @@
 """Exact endpoints: a chat-like follow-up (the previous prompt, its generated tokens, new user text) that
 resumes inside the previous answer after the idle-time re-prefill gives the cold run's numbers bit for
-bit; before the re-prefill an exact resume stops at the last prefill-produced snapshot."""
+bit, from the re-prefill's snapshot at the answer's end (where the decode ended); before the re-prefill an
+exact resume stops at the last prefill-produced snapshot."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ async def test_a_follow_up_resumes_inside_the_answer_exactly_after_the_idle_refi
     computed = 300 + ANSWER - 1  # the last sampled token has no KV yet
     assert stats["endpoint_refills_finished"] == 1
     assert stats["blocks_made_exact"] == computed // BLOCK_TOKENS - 300 // BLOCK_TOKENS
-    assert resumed.accounting.reuse_tokens == (computed - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert resumed.accounting.reuse_tokens == computed  # the refill's tail tap at n - 1 of prompt + answer
     cold = await cold_run(model_dir, frontend, follow_up, dtype)
     assert resumed.first_logprobs == cold.first_logprobs  # bit for bit, every top-20 entry
     assert resumed.tokens == cold.tokens
@@ -90,7 +91,7 @@ async def test_without_the_refill_an_exact_resume_stops_before_the_answer(
 ):
     resumed, follow_up, stats = await chat_turns(micro_checkpoint, frontend, dtype, endpoint_refill=False)
     assert stats["endpoint_refills_finished"] == 0
-    assert resumed.accounting.reuse_tokens == 299 // BLOCK_TOKENS * BLOCK_TOKENS  # the first prompt's tail
+    assert resumed.accounting.reuse_tokens == 299  # the first prompt's tail at n - 1
     cold = await cold_run(micro_checkpoint, frontend, follow_up, dtype)
     assert resumed.first_logprobs == cold.first_logprobs
     assert resumed.tokens == cold.tokens
@@ -110,7 +111,8 @@ async def test_a_request_arriving_mid_refill_waits_one_chunk_and_the_refill_cont
     engine = await start_engine(micro_checkpoint, host_cache_mib=64)
     try:
         answer = await generate(engine, frontend.prepare_tokens(first), 600)
-        # The worker started the refill of [256, 899) as soon as it went idle: its first chunk is running.
+        # The worker started the refill of [299, 900) as soon as it went idle (from the prompt's tail at
+        # n - 1): its first pass, cut at the block boundary 384, is running.
         unrelated = frontend.prepare_tokens(filler_tokens(200, seed=53), prefix_reuse=False)  # no refill
         other = engine.submit(unrelated, SAMPLING)
         notice = await anext(other)
@@ -126,11 +128,12 @@ async def test_a_request_arriving_mid_refill_waits_one_chunk_and_the_refill_cont
         await engine.stop()
     assert notice.accounting is not None
     assert at_admission["endpoint_refills_preempted"] == 1
-    assert at_admission["endpoint_refill_tokens"] == REFILL_CHUNK_TOKENS  # one chunk ran before it
+    first_pass = (299 + REFILL_CHUNK_TOKENS) // BLOCK_TOKENS * BLOCK_TOKENS - 299  # one pass ran before it
+    assert at_admission["endpoint_refill_tokens"] == first_pass
     assert stats["endpoint_refills_finished"] == 1
     # the second attempt resumed where the first stopped (the cancel published the state at 384)
-    assert stats["endpoint_refill_tokens"] == (300 + 600 - 1) - 256
-    assert resumed.accounting.reuse_tokens == (300 + 600 - 2) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert stats["endpoint_refill_tokens"] == (300 + 600) - 299
+    assert resumed.accounting.reuse_tokens == 300 + 600 - 1  # where the decode ended
     cold = await cold_run(micro_checkpoint, frontend, follow_up, "auto")
     assert resumed.first_logprobs == cold.first_logprobs
     assert resumed.tokens == cold.tokens
