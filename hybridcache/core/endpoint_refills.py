@@ -53,8 +53,9 @@ class RefillJob(msgspec.Struct, frozen=True):
 
     def worth_running(self, resume_at: int) -> bool:
         """Whether a refill that resumes at `resume_at` computes about what the request's decode did: from
-        the block boundary below its exact end, plus a chunk. Earlier (the request's exact snapshots were
-        evicted), the idle work would recompute a whole prompt to fix an answer: not worth it. Pure."""
+        its prompt's tail (n - 1) or the block boundary below it, plus a chunk. Earlier (the request's
+        exact snapshots were evicted), the idle work would recompute a whole prompt to fix an answer: not
+        worth it. Pure."""
         start = max(0, self.exact_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
         return resume_at >= start - REFILL_CHUNK_TOKENS
 
