@@ -51,6 +51,8 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int | None = None  # --cache-tap-ladder
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
+    exact_resume: bool = True  # --inexact-resume sets False: also resume from decode-produced entries
+    endpoint_refill: bool = True  # --no-endpoint-refill sets False (core/endpoint_refills.py)
     device_snapshot_copies: bool | None = None  # keep host-backed snapshots' device copies; None: not on CPUs
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
@@ -84,6 +86,8 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
     hedges: bool = True
+    exact_resume: bool = True
+    endpoint_refill: bool = True
     device_snapshot_copies: bool | None = None  # None: resolved by the runtime from its device
     prefix_cache_file: str | None
     event_log: str | None
@@ -183,6 +187,8 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
         hedges=cache.hedges,
+        exact_resume=cache.exact_resume,
+        endpoint_refill=cache.endpoint_refill,
         device_snapshot_copies=cache.device_snapshot_copies,
         prefix_cache_file=cache_file,
         event_log=event_log,

@@ -128,6 +128,10 @@ def state_bytes(index: PrefixIndex, part: int = 0, parts: int = 1) -> bytes:
             for b, w in index.host_writes.items()
         ),
     )
+    inexact_nodes = [n.id for n in selected_nodes if n.inexact]
+    inexact_snaps = [s.id for s in selected_snaps if s.inexact]
+    if inexact_nodes or inexact_snaps:  # appended only when set: an exact-only state keeps its digest
+        state += (inexact_nodes, inexact_snaps)
     return msgspec.msgpack.encode(state)
 
 

@@ -90,10 +90,21 @@ class BlockInserted(_Event, frozen=True):
     lookup_hash: int
     tokens: tuple[int, ...]
     extra: int = 0
+    inexact: bool = False  # its KV came from decode steps (records.BlockNode.inexact)
 
 
 class BlockAdopted(_Event, frozen=True):
     """An existing host-only node adopts the lane's page as its device copy; the lane pins it."""
+
+    lane: int
+    node: int
+
+
+class BlockMadeExact(_Event, frozen=True):
+    """An existing inexact node matches the lane's next block, which the lane computed exactly: the
+    lane's page becomes the node's device copy, the node's old device page is freed, its (inexact) host
+    copy is dropped, and the lane pins the node. The node is on no other lane's path and nothing copies
+    it."""
 
     lane: int
     node: int
@@ -153,6 +164,7 @@ class SnapshotPublished(_Event, frozen=True):
     tail_page: int | None
     position: int | None  # pending tap position; None for an endpoint
     gdsf_h: float = 0.0
+    inexact: bool = False  # records.Snapshot.inexact
 
 
 class SnapshotHit(_Event, frozen=True):
@@ -250,6 +262,7 @@ CacheEvent = (
     | BlockInserted
     | BlockAdopted
     | BlockDuplicated
+    | BlockMadeExact
     | DeviceCopiesDropped
     | SubtreeDeleted
     | NodeHostDropped

@@ -18,6 +18,7 @@ import msgspec
 from hybridcache.cache import events as ev
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.device_eviction import plan_device_eviction
+from hybridcache.cache.exactness import block_is_exact
 from hybridcache.cache.facade_publish import PublicationCalls
 from hybridcache.cache.facade_results import (
     CommitResult,
@@ -370,6 +371,15 @@ class Cache(PublicationCalls):
         self._apply(ev.LanePagesGranted(0, lane, tuple(pages)))
         return tuple(pages)
 
+    def resumed_exactly(self, lane: int) -> bool:
+        """Whether the lane's source snapshot and mapped path blocks are all exact
+        (``cache/exactness.py``). Pure."""
+        la = self.index.lanes[LaneId(lane)]
+        source = None if la.resumed_from is None else self.index.snapshots.get(la.resumed_from)
+        if source is not None and source.inexact:
+            return False
+        return not any(node.inexact for node in la.path[: la.base // BLOCK_TOKENS])
+
     # ------------------------------------------------------------------ block commit (§7.6)
     def commit_blocks(
         self,
@@ -377,12 +387,17 @@ class Cache(PublicationCalls):
         tokens: Sequence[int],
         block_hashes: Sequence[int] | None = None,
         extras: Sequence[int] | None = None,
+        exact_tokens: int | None = None,
     ) -> CommitResult:
         """Commit every full block of ``tokens`` (the lane's committed tokens) not yet on its path:
-        Duplicate, adopt a host-only node, or insert. Disabled lanes commit nothing. Mutates."""
+        Duplicate, adopt a host-only node, or insert. Blocks past the lane's first ``exact_tokens``
+        positions are inexact (``cache/exactness.py``; None: exactness is not tracked, every block is
+        exact): inserted as such, and an exact block replaces the copies of an inexact node no one else
+        maps. An inexact block never becomes the copy of an exact node: the commit stops at an exact
+        host-only node it would adopt. Disabled lanes commit nothing. Mutates."""
         index = self.index
         la = index.lanes[LaneId(lane)]
-        inserted = adopted = duplicates = 0
+        inserted = adopted = duplicates = made_exact = 0
         if not la.enabled or not la.activated:
             return CommitResult(0, 0, 0, len(la.path))
         first_private = la.base // BLOCK_TOKENS
@@ -399,10 +414,18 @@ class Cache(PublicationCalls):
                 lookup = block_hash(parent.lookup_hash, chunk, extra)
             child = parent.child(lookup, chunk, extra)
             seq = index.seq + 1
+            exact = block_is_exact(block, exact_tokens)
             if child is None:
-                event: ev.CacheEvent = ev.BlockInserted(seq, lane, index.next_node_id, lookup, chunk, extra)
+                event: ev.CacheEvent = ev.BlockInserted(
+                    seq, lane, index.next_node_id, lookup, chunk, extra, not exact
+                )
                 inserted += 1
+            elif exact and child.inexact and not child.pinned:
+                event = ev.BlockMadeExact(seq, lane, child.id)
+                made_exact += 1
             elif child.device_state == Residency.ABSENT:
+                if not exact and not child.inexact:
+                    break  # the lane's page would become an exact node's only device copy
                 event = ev.BlockAdopted(seq, lane, child.id)
                 adopted += 1
             else:
@@ -411,4 +434,4 @@ class Cache(PublicationCalls):
             index.apply(event)
             if self.journal is not None:
                 self.journal.append(event)
-        return CommitResult(inserted, adopted, duplicates, len(la.path))
+        return CommitResult(inserted, adopted, duplicates, len(la.path), made_exact)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
+from hybridcache.cache.exactness import endpoint_is_exact, snapshot_is_exact
 from hybridcache.cache.facade_results import (
     FinishResult,
     HostWritePlan,
@@ -77,15 +78,17 @@ class PublicationCalls(_Base):
             return page
         return la.table[block - first_private]
 
-    def publish_ready_taps(self, lane: int, tokens: Sequence[int]) -> PublishResult:
+    def publish_ready_taps(
+        self, lane: int, tokens: Sequence[int], exact_tokens: int | None = None
+    ) -> PublishResult:
         """Publish every pending tap whose anchor blocks are committed, then write their images (and
-        tails) through to the host. Mutates."""
+        tails) through to the host. ``exact_tokens`` as for ``commit_blocks``. Mutates."""
         la = self.index.lanes[LaneId(lane)]
         published: list[PublishedTap] = []
         dropped: list[int] = []
         snaps: list[Snapshot] = []
         for position in sorted(la.pending_taps):
-            outcome = self._publish_tap(la, position, tokens)
+            outcome = self._publish_tap(la, position, tokens, exact_tokens)
             if outcome is None:
                 continue
             if isinstance(outcome, int):
@@ -96,7 +99,9 @@ class PublicationCalls(_Base):
         write = self._plan_write([], snaps)
         return PublishResult(tuple(published), tuple(dropped), write)
 
-    def _publish_tap(self, la: Lane, position: int, tokens: Sequence[int]) -> PublishedTap | int | None:
+    def _publish_tap(
+        self, la: Lane, position: int, tokens: Sequence[int], exact_tokens: int | None
+    ) -> PublishedTap | int | None:
         index = self.index
         full, tail_len = divmod(position, BLOCK_TOKENS)
         if len(la.path) < full or len(tokens) < position:
@@ -106,7 +111,8 @@ class PublicationCalls(_Base):
         anchor = la.path[full - 1] if full else index.root
         tail = tuple(tokens[full * BLOCK_TOKENS : position])
         tap = la.pending_taps[position]
-        if (anchor.id, tail) in index.snapshot_by_key or (tail_len and not self._free_device_pages(1)):
+        exact = snapshot_is_exact(position, exact_tokens)
+        if not self._key_free(anchor, tail, exact) or (tail_len and not self._free_device_pages(1)):
             self._apply(ev.TapDropped(0, la.id, position))
             return position
         tail_page = None
@@ -121,7 +127,9 @@ class PublicationCalls(_Base):
         kind = SnapshotKind.BOUNDARY if tap.boundary else SnapshotKind.TAP
         sid = index.next_snapshot_id
         self._apply(
-            ev.SnapshotPublished(0, sid, la.id, int(kind), anchor.id, tail, tail_page, position, value)
+            ev.SnapshotPublished(
+                0, sid, la.id, int(kind), anchor.id, tail, tail_page, position, value, not exact
+            )
         )
         self._revalue([index.snapshots[SnapshotId(sid)]])
         return PublishedTap(SnapshotId(sid), position, copy)
@@ -133,28 +141,41 @@ class PublicationCalls(_Base):
         tokens: Sequence[int],
         block_hashes: Sequence[int] | None = None,
         extras: Sequence[int] | None = None,
+        exact_tokens: int | None = None,
+        inexact_endpoint: bool = True,
     ) -> FinishResult:
         """Terminal settlement: commit, publish ready taps, take the endpoint snapshot (the lane's image
         by role change, its partial last page as the tail), write the endpoint (and, in THROUGH mode,
         the lane's device-only blocks) to the host, and release the lane. ``tokens``: every committed
-        token. Mutates."""
+        token; ``exact_tokens`` as for ``commit_blocks``; an inexact endpoint is skipped unless
+        ``inexact_endpoint`` (an engine that resumes only exactly never uses one). Mutates."""
         la = self.index.lanes.get(LaneId(lane))
         if la is None:
             raise KeyError(f"lane {lane} is not staged")
         if la.activated:
-            self.commit_blocks(lane, tokens, block_hashes, extras)
-        taps = self.publish_ready_taps(lane, tokens) if la.enabled else PublishResult((), (), None)
-        endpoint, skipped = self._publish_endpoint(la, tokens)
+            self.commit_blocks(lane, tokens, block_hashes, extras, exact_tokens)
+        taps = PublishResult((), (), None)
+        if la.enabled:
+            taps = self.publish_ready_taps(lane, tokens, exact_tokens)
+        endpoint, skipped = self._publish_endpoint(la, tokens, exact_tokens, inexact_endpoint)
         snaps = [] if endpoint is None else [self.index.snapshots[endpoint]]
         write = self._plan_write(self._written_through(la), snaps)
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(endpoint, skipped, taps, write)
 
-    def cancel(self, lane: int, tokens: Sequence[int]) -> FinishResult:
+    def cancel(
+        self,
+        lane: int,
+        tokens: Sequence[int],
+        exact_tokens: int | None = None,
+        inexact_endpoint: bool = True,
+    ) -> FinishResult:
         """Cancel: finish semantics after at least one committed unit, else a plain release. Mutates."""
         la = self.index.lanes[LaneId(lane)]
         if la.activated and len(tokens) > la.base:
-            return self.finish(lane, tokens)
+            return self.finish(
+                lane, tokens, exact_tokens=exact_tokens, inexact_endpoint=inexact_endpoint
+            )
         return self.release(lane)
 
     def release(self, lane: int) -> FinishResult:
@@ -165,23 +186,32 @@ class PublicationCalls(_Base):
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(None, "released", PublishResult((), (), None), write)
 
-    def _deepest_on_path(self, la: Lane, tokens: Sequence[int], frontier: int) -> int:
+    def _deepest_on_path(self, la: Lane, tokens: Sequence[int], frontier: int, exact: bool) -> int:
+        """The deepest snapshot frontier on the lane's path up to ``frontier`` (the base at least); an
+        exact one counts only exact snapshots. Pure."""
         deepest = la.base
         for anchor in (self.index.root, *la.path):
             for snap in anchor.snapshots:
+                if snap.inexact and exact:
+                    continue
                 if deepest < snap.frontier <= frontier:
                     start = snap.frontier - len(snap.tail_tokens)
                     if tuple(tokens[start : snap.frontier]) == snap.tail_tokens:
                         deepest = snap.frontier
         return deepest
 
-    def _publish_endpoint(self, la: Lane, tokens: Sequence[int]) -> tuple[SnapshotId | None, str | None]:
+    def _publish_endpoint(
+        self, la: Lane, tokens: Sequence[int], exact_tokens: int | None, inexact_endpoint: bool
+    ) -> tuple[SnapshotId | None, str | None]:
         index = self.index
         frontier = len(tokens)
         full, tail_len = divmod(frontier, BLOCK_TOKENS)
         if not la.enabled or la.slot is None or not la.activated:
             return None, "disabled or inactive"
-        deepest = self._deepest_on_path(la, tokens, frontier)
+        exact = endpoint_is_exact(frontier, exact_tokens)
+        if not exact and not inexact_endpoint:
+            return None, "inexact (exact resumes only)"
+        deepest = self._deepest_on_path(la, tokens, frontier, exact)
         if frontier - deepest < BLOCK_TOKENS or len(la.path) < full:
             return None, "within 64 tokens of a snapshot"
         anchor = la.path[full - 1] if full else index.root
@@ -191,6 +221,8 @@ class PublicationCalls(_Base):
         tail_page = self._lane_page(la, full) if tail_len else None
         if tail_page is not None and tail_page not in la.private:
             return None, "the last page is not private"
+        if not self._key_free(anchor, tail, exact):
+            return None, "an inexact snapshot at this point is in use"
         self._apply_valued(plan_supersession(index, [la.resumed_from], frontier))
         value = estimate_new_priority(index, self.cost, frontier, deepest, tail_len > 0)
         if not self._make_slot_room(value, needs_free_slot=False):
@@ -199,11 +231,24 @@ class PublicationCalls(_Base):
         sid = index.next_snapshot_id
         self._apply(
             ev.SnapshotPublished(
-                0, sid, la.id, int(SnapshotKind.ENDPOINT), anchor.id, tail, tail_page, None, value
+                0, sid, la.id, int(SnapshotKind.ENDPOINT), anchor.id, tail, tail_page, None, value, not exact
             )
         )
         self._revalue([index.snapshots[SnapshotId(sid)]])
         return SnapshotId(sid), None
+
+    def _key_free(self, anchor: BlockNode, tail: tuple[int, ...], exact: bool) -> bool:
+        """Whether a snapshot can be published at (anchor, tail): none is there, or an exact one replaces
+        an inexact one that nothing pins or copies (deleted here). Mutates only to delete it."""
+        existing = self.index.snapshot_by_key.get((anchor.id, tail))
+        if existing is None:
+            return True
+        copies = (existing.device_state, existing.host_state)
+        tails = (existing.tail_device_state, existing.tail_host_state)
+        if not exact or not existing.inexact or existing.restore_pins or Residency.FILLING in copies + tails:
+            return False
+        self._apply_valued([ev.SnapshotDeleted(0, existing.id)])
+        return True
 
     # ------------------------------------------------------------------ host writes
     def _written_through(self, la: Lane) -> Sequence[BlockNode]:

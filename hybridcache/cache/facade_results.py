@@ -89,6 +89,7 @@ class CommitResult(msgspec.Struct, frozen=True):
     adopted: int
     duplicates: int
     committed_blocks: int  # the lane's path length afterwards
+    made_exact: int = 0  # inexact nodes whose copies the lane's exact blocks replaced
 
 
 class TapResult(msgspec.Struct, frozen=True):

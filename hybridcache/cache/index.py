@@ -86,6 +86,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             ev.BlockInserted: self._apply_block_inserted,
             ev.BlockAdopted: self._apply_block_adopted,
             ev.BlockDuplicated: self._apply_block_duplicated,
+            ev.BlockMadeExact: self._apply_block_made_exact,
             ev.DeviceCopiesDropped: self._apply_device_copies_dropped,
             ev.SubtreeDeleted: self._apply_subtree_deleted,
             ev.NodeHostDropped: self._apply_node_host_dropped,

@@ -266,6 +266,7 @@ class LaneHandlers(_Base):
         self.pages.owners[page] = (_PAGE_NODE, node_id)  # DevicePages.transfer, inlined: once per block
         node.device_page = page
         node.device_state = _RESIDENT
+        node.inexact = e.inexact
         node.active_refs = 1  # pinned by the lane from birth: never on the LRU or the dead list
         node.last_access_tick = e.seq
         lane.path.append(node)
@@ -299,6 +300,31 @@ class LaneHandlers(_Base):
         node = self._existing_child(parent, e.node, "BlockDuplicated")
         if node.device_state == _ABSENT:
             raise EventRejected(f"BlockDuplicated: node {e.node} has no device copy (adopt instead)")
+        self._extend_path(lane, node, e.seq)
+
+    def _apply_block_made_exact(self, e: ev.BlockMadeExact) -> None:
+        lane, parent, page = self._committing(e.lane, "BlockMadeExact")
+        node = self._existing_child(parent, e.node, "BlockMadeExact")
+        if not node.inexact:
+            raise EventRejected(f"BlockMadeExact: node {e.node} is exact already")
+        if node.active_refs or node.restore_pins:
+            raise EventRejected(f"BlockMadeExact: node {e.node} is pinned (mapped or being copied)")
+        if page not in lane.private:
+            raise EventRejected(f"BlockMadeExact: page {page} is not private to lane {e.lane}")
+        if node.lru_list is not LruList.NONE:
+            self.lru.remove(node)
+        self.dead_nodes.pop(node.id, None)
+        if node.device_state is _RESIDENT:
+            self.pages.release(node.device_page)  # type: ignore[arg-type]  # resident => has a page
+        if node.host_state is _RESIDENT:
+            self._release_slabs((node.host_slab,))  # type: ignore[arg-type]  # resident => has a slab
+            node.host_slab = None
+            node.host_state = _ABSENT
+        del lane.private[page]
+        self.pages.transfer(page, _PAGE_NODE, node.id)
+        node.device_page = page
+        node.device_state = _RESIDENT
+        node.inexact = False
         self._extend_path(lane, node, e.seq)
 
     # ------------------------------------------------------------------ eviction of node copies

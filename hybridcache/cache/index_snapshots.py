@@ -117,6 +117,7 @@ class SnapshotHandlers(_Base):
                 raise EventRejected(f"SnapshotPublished: no pending tap of lane {e.lane} at {frontier}")
             slot = tap.slot
         snap = Snapshot(e.snapshot, anchor, tail, kind)  # type: ignore[arg-type]  # SnapshotId is an int
+        snap.inexact = e.inexact
         self.next_snapshot_id = max(self.next_snapshot_id, e.snapshot + 1)
         if e.position is None:
             lane.slot = None

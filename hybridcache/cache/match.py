@@ -46,6 +46,9 @@ class PromptInput(msgspec.Struct, frozen=True):
     enabled: bool = True  # False: no prefix reuse (warmup, --no-prefix-reuse)
     token_bytes: bytes | None = None  # optional: tokens packed as uint32 LE (records.pack_tokens); faster
     salt_key: int = 0  # the cache salt's extra key (0: none); a salted prompt never matches root snapshots
+    # Resume only where a cold run's bits are reproduced: the walk stops at the first inexact block and
+    # inexact snapshots are no candidates (records.BlockNode.inexact, Snapshot.inexact).
+    exact_only: bool = False
 
 
 class Match(NamedTuple):
@@ -94,7 +97,8 @@ def _frontier_in_media(frontier: int, spans: Sequence[tuple[int, int]]) -> bool:
 
 
 def match(index: PrefixIndex, prompt: PromptInput) -> Match:
-    """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1. Pure (logically: a node
+    """§6.1: walk exact blocks below n-1, collect valid snapshots with F <= n-1 (with ``exact_only``, only
+    up to the first inexact block, and no inexact snapshot). Pure (logically: a node
     reached for the first time fills its packed-token memo, ``BlockNode.packed_tokens``).
 
     The walk compares packed 256-byte blocks: ``prompt.token_bytes`` when given (it must pack exactly
@@ -110,7 +114,7 @@ def match(index: PrefixIndex, prompt: PromptInput) -> Match:
             raise ValueError(f"token_bytes holds {len(packed)} bytes for {n} tokens")
     else:
         packed = pack_tokens(tokens[: limit * BLOCK_TOKENS])
-    path = _walk_bytes(index.root, packed, hashes, extras, limit)
+    path = _walk_bytes(index.root, packed, hashes, extras, limit, prompt.exact_only)
     candidates: list[Snapshot] = []
     # A snapshot anchored at the root (frontier < 64) has no block whose extra key carries the cache
     # salt, so only unsalted prompts create (core/worker.py, _take_tap) or match one: tenants never
@@ -125,12 +129,19 @@ def match(index: PrefixIndex, prompt: PromptInput) -> Match:
                 continue
             if prompt.media_spans and _frontier_in_media(frontier, prompt.media_spans):
                 continue
+            if snap.inexact and prompt.exact_only:
+                continue
             candidates.append(snap)
     return Match(path, candidates)
 
 
 def _walk_bytes(
-    node: BlockNode, packed: bytes, hashes: Sequence[int], extras: Sequence[int] | None, limit: int
+    node: BlockNode,
+    packed: bytes,
+    hashes: Sequence[int],
+    extras: Sequence[int] | None,
+    limit: int,
+    exact_only: bool = False,
 ) -> list[BlockNode]:
     """The exact walk, comparing 256-byte packed blocks (a bytes slice is one memcpy)."""
     path: list[BlockNode] = []
@@ -158,6 +169,8 @@ def _walk_bytes(
                 child_bytes = child.packed_tokens()
             if child_bytes != wanted or child.extra != extra:
                 break
+        if exact_only and child.inexact:
+            break
         node = child
         path.append(child)
         start += width

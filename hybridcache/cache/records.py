@@ -134,6 +134,7 @@ class BlockNode(LruLinks):
         "extra",
         "token_bytes",
         "tokens",
+        "inexact",
     )
 
     def __init__(
@@ -162,6 +163,9 @@ class BlockNode(LruLinks):
         # Anchored here, in publication order. A tuple, replaced when one is added or removed: most nodes
         # anchor none and share the empty tuple, so a committed block allocates no list for them.
         self.snapshots: tuple[Snapshot, ...] = ()
+        # Its KV came from decode steps (one-row products), whose low bits no cold prefill reproduces:
+        # an exact resume never maps it (``match``), and a prefill of the same block replaces its copy.
+        self.inexact = False
 
     def packed_tokens(self) -> bytes:
         """The tokens as packed uint32 little-endian, for the byte-wise match walk (§6.1).
@@ -246,6 +250,7 @@ class Snapshot(LruLinks):
         "host_slabs",
         "host_state",
         "id",
+        "inexact",
         "kind",
         "last_hit_tick",
         "published_tick",
@@ -287,6 +292,9 @@ class Snapshot(LruLinks):
         self.published_tick = 0
         self.ancestor: Snapshot | None = None
         self.dependents: dict[SnapshotId, Snapshot] = {}
+        # Resuming from it does not reproduce a cold run bit for bit (``cache/exactness.py`` says which
+        # snapshots are): an exact resume never starts from it.
+        self.inexact = False
 
     @property
     def has_tail(self) -> bool:

@@ -8,6 +8,11 @@ is prefix-closed per tier (a snapshot covers its whole path), so each change is 
 newly covered suffix hangs under a block already covered (or the root), and a suffix that loses its
 last snapshot leaves the blocks above it covered.
 
+An engine that resumes only exactly (the default, `cache/exactness.py`) never resumes from a
+decode-produced snapshot, nor past a decode-produced block: for it a snapshot covers nothing until it
+and every block of its path are exact. Exactness only grows (an idle refill's ``BlockMadeExact``), so
+such a snapshot covers its path from the update that sees its last block made exact.
+
 `ResumableCover` keeps, per tier, how many complete snapshots cover each block, and `update(index)`
 diffs the index's snapshots against what it last saw. It reads the index and mutates only itself.
 """
@@ -50,6 +55,7 @@ class CoverChange(NamedTuple):
 class _Tracked(NamedTuple):
     path: tuple[CoveredBlock, ...]  # root first; fixed for the snapshot's life
     tiers: tuple[bool, bool]  # complete on (device, host) when last seen
+    exact: bool  # the snapshot and its path's blocks are exact (once True, stays so)
 
 
 def snapshot_tiers(snap: Snapshot) -> tuple[bool, bool]:
@@ -57,10 +63,25 @@ def snapshot_tiers(snap: Snapshot) -> tuple[bool, bool]:
     return snap.device_complete, snap.host_complete
 
 
-class ResumableCover:
-    """Per-tier cover counts of the blocks under complete snapshots. Not thread-safe."""
+def resumes_exactly(snap: Snapshot) -> bool:
+    """Whether an exact-only match can resume from ``snap``: it and every block above its anchor hold a
+    cold run's numbers (a match stops at the first inexact block). Pure."""
+    if snap.inexact:
+        return False
+    node = snap.anchor
+    while node.parent is not None:
+        if node.inexact:
+            return False
+        node = node.parent
+    return True
 
-    def __init__(self) -> None:
+
+class ResumableCover:
+    """Per-tier cover counts of the blocks under complete snapshots (exact ones only when
+    ``exact_only``). Not thread-safe."""
+
+    def __init__(self, exact_only: bool = False) -> None:
+        self.exact_only = exact_only
         self._tracked: dict[int, _Tracked] = {}
         self._counts: tuple[dict[int, int], dict[int, int]] = ({}, {})
 
@@ -75,13 +96,14 @@ class ResumableCover:
                 if tracked.tiers[tier]:
                     self._uncover(tier, tracked.path, changes)
         for sid, snap in live.items():
-            tiers = snapshot_tiers(snap)
             tracked = self._tracked.get(sid)
             if tracked is None:
-                tracked = _Tracked(_path_of(snap), (False, False))
+                tracked = _Tracked(_path_of(snap), (False, False), not self.exact_only)
+            if not tracked.exact and resumes_exactly(snap):
+                tracked = tracked._replace(exact=True)
+            tiers = snapshot_tiers(snap) if tracked.exact else (False, False)
             if tracked.tiers == tiers:
-                if sid not in self._tracked:
-                    self._tracked[sid] = tracked
+                self._tracked[sid] = tracked
                 continue
             for tier in TIERS:
                 if tiers[tier] and not tracked.tiers[tier]:

@@ -86,7 +86,10 @@ class Engine:
         self.kv_events = None
         if options.cache.kv_events is not None:
             self.kv_events = KvEventPublisher(
-                options.cache.kv_events, self.runtime.geometry, options.cache.kv_events_replay
+                options.cache.kv_events,
+                self.runtime.geometry,
+                options.cache.kv_events_replay,
+                exact_only=options.cache.exact_resume,
             )
         self.cache = Cache(
             self.runtime.geometry,
@@ -237,16 +240,32 @@ class Engine:
         if self._worker is not None:
             self._worker.post_cancel(request_id)
 
+    async def settle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the worker has no request and no idle-time work (endpoint refills) left; False when
+        ``timeout_s`` passed first or the engine is not running. Reads only (polls every 5 ms)."""
+        deadline = time.monotonic() + timeout_s
+        while (worker := self._worker) is not None and self._failure is None and not worker.stopping:
+            if not (worker.queue or worker.lanes or worker.refills.pending or worker.inbox_pending):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return False
+
     # -- reporting ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         """Counters for /metrics and /v1/cache/stats (a snapshot; reading only)."""
         worker = self._worker
         index = self.cache.index
-        running = 0 if worker is None else len(worker.lanes)
+        lanes = [] if worker is None else list(worker.lanes.values())
+        refilling = sum(lane.request.internal for lane in lanes)
         waiting = 0 if worker is None else len(worker.queue)
         stats: dict[str, object] = {
-            "requests_running": running,
+            "requests_running": len(lanes) - refilling,
             "requests_waiting": waiting,
+            # idle-time work (core/endpoint_refills.py): jobs waiting, and the one running
+            "endpoint_refills_pending": 0 if worker is None else len(worker.refills.pending),
+            "endpoint_refills_running": refilling,
             "stopping": bool(worker and worker.stopping) or self._failure is not None,
             "prefix_cache_nodes": len(index.nodes) - 1,
             "prefix_cache_snapshots": len(index.snapshots),

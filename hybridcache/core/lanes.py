@@ -8,6 +8,7 @@ from hybridcache.cache.facade_results import PageCopy
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
 from hybridcache.cache.tap_planner import Placement, PlannedTap, TapSource
 from hybridcache.core.api import RequestAccounting
+from hybridcache.core.endpoint_refills import RefillJob
 from hybridcache.core.requests import Request
 from hybridcache.gpu.sampler import LaneSamplingState
 from hybridcache.gpu.transfers import RestoreTicket
@@ -51,6 +52,10 @@ class LaneState:
         self.taps_taken = 0
         self.taps_skipped = 0
         self.inserted_prompt_blocks = 0  # blocks its prefill inserted into the tree (not found there)
+        # Its first `exact_tokens` positions are computed as a cold prefill computes them
+        # (cache/exactness.py): the prompt, when it resumed from exact entries; else only what it reused.
+        self.exact_tokens = self.prompt_len
+        self.refill_job: RefillJob | None = None  # what an internal refill lane replays
 
     def add_exact_tap(self, position: int, boundary: bool) -> None:
         """Plan one more exact tap (a coalescing target, §12.2). Mutates the plan."""

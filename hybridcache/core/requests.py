@@ -83,6 +83,8 @@ class Request:
         self.phase = Phase.QUEUED
         self.cancelled = False
         self.first_token_at: float | None = None
+        # Made by the worker itself (an endpoint refill): nobody reads its outputs, no counter counts it.
+        self.internal = False
 
     def emit(self, output: RequestOutput) -> None:
         self.stream.push(output)

@@ -34,7 +34,9 @@ from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
+from hybridcache.core.endpoint_refills import refill_taps
 from hybridcache.core.lanes import LaneState
+from hybridcache.core.refill_scheduler import RefillScheduler
 from hybridcache.core.requests import Phase, Request
 from hybridcache.core.worker_stats import WorkerCounters
 from hybridcache.gpu.backend import DeviceError, DeviceEvent
@@ -112,6 +114,7 @@ class Worker:
         self._trim_heap = heap_trimmer()
         self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
+        self.refills = RefillScheduler(self)
 
     # -- inbox ------------------------------------------------------------------------------------
     def post(self, action: Callable[[], None]) -> None:
@@ -123,6 +126,10 @@ class Worker:
 
     def post_cancel(self, request_id: str) -> None:
         self.post(lambda: self._cancel(request_id))
+
+    @property
+    def inbox_pending(self) -> bool:
+        return bool(self._inbox)
 
     def request_stop(self) -> None:
         self.stopping = True
@@ -137,6 +144,7 @@ class Worker:
                 if self.stopping:
                     break
                 self._expire_waiting()
+                self.refills.preempt_if_busy()
                 self._admit()
                 unit = self._next_unit()
                 if unit is None:
@@ -202,13 +210,13 @@ class Worker:
             if request.cancelled:
                 self.queue.popleft()
                 continue
-            if not self._try_admit(request):
+            if not self.try_admit(request):
                 break  # the FIFO head is blocked; nothing overtakes it (§6.3)
             self.queue.popleft()
         if self.queue and not self.queue[0].cancelled:
             self._prefetch_for(self.queue[0])
 
-    def _prompt_input(self, request: Request) -> PromptInput:
+    def prompt_input(self, request: Request) -> PromptInput:
         prompt = request.prompt
         enabled = prompt.prefix_reuse and self.options.cache.prefix_reuse
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
@@ -216,6 +224,7 @@ class Worker:
         return PromptInput(
             prompt.token_ids, prompt.block_hashes, extras, (), window, enabled,
             token_bytes=prompt.token_bytes, salt_key=prompt.extra_key,
+            exact_only=self.options.cache.exact_resume or request.internal,
         )
 
     def _prefetch_for(self, head: Request) -> None:
@@ -227,7 +236,7 @@ class Worker:
         if self._prefetch_head is head and not self._prefetch_copied and room <= self._prefetch_room:
             return
         keep_free = len(self.lanes)  # one page of growth per running lane stays free
-        plan = self.cache.prefetch(self._prompt_input(head), keep_free=keep_free)
+        plan = self.cache.prefetch(self.prompt_input(head), keep_free=keep_free)
         self._prefetch_head, self._prefetch_room = head, room
         self._prefetch_copied = plan is not None
         if plan is None:
@@ -244,9 +253,9 @@ class Worker:
 
         self._watch(ticket.done, landed)
 
-    def _try_admit(self, request: Request) -> bool:
+    def try_admit(self, request: Request) -> bool:
         prompt = request.prompt
-        prompt_input = self._prompt_input(request)
+        prompt_input = self.prompt_input(request)
         enabled = prompt_input.enabled
         quote = self.cache.quote(prompt_input)
         if quote.readiness == Readiness.TEMPORARILY_BLOCKED:
@@ -266,10 +275,11 @@ class Worker:
                 prompt.num_tokens,
                 staged.reuse_tokens,
                 with_fork_hint(prompt.tap_hints, quote.fork_tokens, staged.reuse_tokens, prompt.num_tokens),
-                self._path_frontiers(lane_id),
+                self._path_frontiers(lane_id, prompt_input.exact_only),
                 self._tap_options,
                 resumed_from_endpoint=resumed is not None and resumed.kind == SnapshotKind.ENDPOINT,
             )
+            taps = refill_taps(taps) if request.internal else taps
         accounting = RequestAccounting(
             prompt_tokens=prompt.num_tokens,
             reuse_tokens=staged.reuse_tokens,
@@ -305,10 +315,13 @@ class Worker:
             assert staged.state_source_slot is not None
             self.runtime.states.copy_slot(staged.state_source_slot, staged.slot)
         lane.tail_copy = staged.tail_copy
+        if enabled and not prompt_input.exact_only and not self.cache.resumed_exactly(lane_id):
+            lane.exact_tokens = staged.reuse_tokens  # what it computes continues inexact entries
         self.cache.activate(lane_id)
         self.lanes[lane_id] = lane
         request.phase = Phase.PREFILL
-        self.counters.admitted(accounting)
+        if not request.internal:  # a refill is idle-time work, not a request
+            self.counters.admitted(accounting)
         request.emit(RequestOutput(request_id=request.id, accounting=accounting))
         return True
 
@@ -337,11 +350,13 @@ class Worker:
             waiting = True
         return waiting
 
-    def _path_frontiers(self, lane_id: int) -> list[int]:
-        """Frontiers of the snapshots already on the lane's matched path (taps dedup against them)."""
+    def _path_frontiers(self, lane_id: int, exact_only: bool) -> list[int]:
+        """Frontiers of the snapshots already on the lane's matched path (taps dedup against them); an
+        exact lane does not count inexact ones, which it never resumes from."""
         index_lane = self.cache.index.lanes[LaneId(lane_id)]
         anchors = [self.cache.index.root, *index_lane.path]
-        return [snap.frontier for node in anchors for snap in node.snapshots]
+        snapshots = (snap for node in anchors for snap in node.snapshots)
+        return [snap.frontier for snap in snapshots if not (exact_only and snap.inexact)]
 
     # -- units ------------------------------------------------------------------------------------
     def _next_unit(self):
@@ -353,14 +368,14 @@ class Worker:
         if prefilling:
             self._last_was_decode = False
             self._next_prefill = (self._next_prefill + 1) % len(prefilling)
-            return self._prefill_pass(prefilling[self._next_prefill])
-        return None
+            return self.prefill_pass(prefilling[self._next_prefill])
+        return self.refills.start_if_idle()
 
-    async def _prefill_pass(self, lane: LaneState) -> None:
+    async def prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed
-        end = lane.next_chunk_end(self.options.prefill_chunk)
+        end = lane.next_chunk_end(self.refills.chunk_tokens(lane, self.options.prefill_chunk))
         if not self._grow(lane, end):
-            self._finish(lane, "length")
+            self.finish_lane(lane, "length")
             return
         due = lane.taps_due(start, end)
         for frontier in (p for p in due if p == start):
@@ -375,15 +390,18 @@ class Worker:
         lane.restore = lane.tail_copy = None
         tokens = lane.tokens[start:end]
         final = end == lane.prompt_len
+        sampled = final and not lane.request.internal  # a refill's pass ends nothing
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(
-            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, final, captures
+            self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, sampled, captures
         )
         lane.computed = end
-        self.counters.prefill_tokens += end - start
         for frontier in (p for p in due if p > start):
             self._take_tap(lane, frontier)
         lane.inserted_prompt_blocks += self._commit(lane).inserted
+        if self.refills.after_pass(lane, end - start, final):
+            return  # a refill's pass: counted apart, samples nothing
+        self.counters.prefill_tokens += end - start
         if final:
             lane.request.phase = Phase.DECODE
             self._accept_sample(lane, result)
@@ -419,7 +437,7 @@ class Worker:
             if self._grow(lane, lane.computed + 1):
                 ready.append(lane)
             else:
-                self._finish(lane, "length")  # bounded completion: the pool cannot extend
+                self.finish_lane(lane, "length")  # bounded completion: the pool cannot extend
         if not ready:
             return
         loop = asyncio.get_running_loop()
@@ -473,7 +491,7 @@ class Worker:
         if reason is None:
             request.emit(RequestOutput(request_id=request.id, token_ids=(token,), logprobs=logprobs))
         else:
-            self._finish(lane, reason, (token,), logprobs)
+            self.finish_lane(lane, reason, (token,), logprobs)
 
     # -- taps and commit (§7.4, §7.6) -------------------------------------------------------------
     def _take_tap(self, lane: LaneState, frontier: int) -> None:
@@ -501,8 +519,10 @@ class Worker:
         prompt = lane.request.prompt
         committed = lane.tokens[: lane.computed]
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
-        result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
-        published = self.cache.publish_ready_taps(lane.lane_id, committed)
+        exact = lane.exact_tokens
+        result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras, exact)
+        self.counters.blocks_made_exact += result.made_exact
+        published = self.cache.publish_ready_taps(lane.lane_id, committed, exact)
         self._note_hedges(lane, published)
         self._apply_publication(published)
         return result
@@ -590,7 +610,7 @@ class Worker:
             log.exception("a transfer failed while stopping")
 
     # -- finish, cancel, stop (§7.7) --------------------------------------------------------------
-    def _finish(
+    def finish_lane(
         self,
         lane: LaneState,
         reason: str,
@@ -604,17 +624,23 @@ class Worker:
         committed = lane.tokens[: lane.computed]
         prompt = request.prompt
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
+        exact = lane.exact_tokens
+        keep_inexact = not self.options.cache.exact_resume  # an exact-only engine never resumes from one
         if reason == "cancelled" or error is not None:
-            result: FinishResult = self.cache.cancel(lane.lane_id, committed)
+            result: FinishResult = self.cache.cancel(lane.lane_id, committed, exact, keep_inexact)
         else:
-            result = self.cache.finish(lane.lane_id, committed, prompt.block_hashes, extras)
+            result = self.cache.finish(
+                lane.lane_id, committed, prompt.block_hashes, extras, exact, keep_inexact
+            )
         self._apply_publication(result.taps)
         self._write_to_host(result.write)
         del self.lanes[lane.lane_id]
         self.free_lanes.append(lane.lane_id)
         request.phase = Phase.DONE
         accounting = self._final_accounting(lane)
-        self.counters.finished(accounting)
+        if not request.internal:
+            self.counters.finished(accounting)
+        self.refills.after_finish(lane, failed=error is not None)
         if error is not None:
             request.fail(error)
             return
@@ -653,7 +679,7 @@ class Worker:
                 return
         for lane in list(self.lanes.values()):
             if lane.request.id == request_id:
-                self._finish(lane, "cancelled")
+                self.finish_lane(lane, "cancelled")
                 return
 
     def _shutdown(self) -> None:
@@ -663,7 +689,7 @@ class Worker:
             if not request.cancelled:
                 request.fail(unavailable)
         for lane in list(self.lanes.values()):
-            self._finish(lane, "cancelled", error=unavailable)
+            self.finish_lane(lane, "cancelled", error=unavailable)
         cache_options = self.engine.options.cache
         if cache_options.prefix_cache_file is not None or cache_options.cache_dir is not None:
             self._write_to_host(self.cache.flush_to_host())  # what persists is what the host tier holds

@@ -24,6 +24,10 @@ class WorkerCounters:
         self.taps_in_pass = 0  # hedge taps copied from inside a prefill pass (no split of the pass)
         self.prefetched_blocks = 0
         self.inserted_prompt_tokens = 0
+        self.refill_tokens = 0  # prefilled by endpoint refills (core/endpoint_refills.py), not prefill_tokens
+        self.refills_finished = 0
+        self.refills_preempted = 0
+        self.blocks_made_exact = 0  # inexact blocks whose copies an exact prefill replaced
 
     def admitted(self, accounting: RequestAccounting) -> None:
         self.queries += 1
@@ -58,4 +62,8 @@ class WorkerCounters:
             "snapshot_taps_skipped": self.taps_skipped,
             "snapshot_taps_in_pass": self.taps_in_pass,
             "prefetched_blocks": self.prefetched_blocks,
+            "endpoint_refill_tokens": self.refill_tokens,
+            "endpoint_refills_finished": self.refills_finished,
+            "endpoint_refills_preempted": self.refills_preempted,
+            "blocks_made_exact": self.blocks_made_exact,
         }

@@ -183,6 +183,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take no hedge snapshots a few hundred to 2,048 tokens before each prompt end (each costs "
         "one state image of host memory)",
     )
+    cache.add_argument(
+        "--inexact-resume",
+        action="store_true",
+        help="also resume from blocks and snapshots that decode steps produced (more reuse before the idle "
+        "re-prefill has replaced them; resumed logits then differ from a cold run in the last bits)",
+    )
+    cache.add_argument(
+        "--no-endpoint-refill",
+        action="store_true",
+        help="do not re-prefill finished requests' generated tokens while idle (that makes their blocks "
+        "and a snapshot at their end exact)",
+    )
 
 
 def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -204,6 +216,8 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             tap_ladder_tokens=args.cache_tap_ladder,
             tap_min_gap_tokens=args.cache_tap_min_gap,
             hedges=not args.no_cache_hedges,
+            exact_resume=not args.inexact_resume,
+            endpoint_refill=not args.no_endpoint_refill,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
             cache_dir=args.cache_dir,

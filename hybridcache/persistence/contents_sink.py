@@ -87,13 +87,13 @@ class ContentsSink:
         index, generations, stores = self.index, self._generations, []
         for node_id, slab in zip(opened.nodes, opened.node_slabs):
             node = index.nodes.get(NodeId(node_id))
-            if node is None or node.host_slab != slab or node.parent is None:
-                continue
+            if node is None or node.host_slab != slab or node.parent is None or node.inexact:
+                continue  # gone, or inexact (the journal keeps no exactness marks: a restore trusts it)
             record = BlockStored(node.id, node.parent.id, node.lookup_hash, node.tokens, node.extra, slab, 0)
             stores.append(PendingStore(record, (slab,), (generations[slab],)))
         for snapshot_id, slabs in zip(opened.images, opened.image_slabs):
             snap = index.snapshots.get(SnapshotId(snapshot_id))
-            if snap is None or snap.host_slabs != tuple(slabs):
+            if snap is None or snap.host_slabs != tuple(slabs) or snap.inexact:
                 continue
             record = ImageStored(
                 snap.id, snap.anchor.id, int(snap.kind), snap.tail_tokens, tuple(slabs), 0, snap.hits,
@@ -103,7 +103,7 @@ class ContentsSink:
             self._stored_snapshots.add(snap.id)
         for snapshot_id, slab in zip(opened.tails, opened.tail_slabs):
             snap = index.snapshots.get(SnapshotId(snapshot_id))
-            if snap is None or snap.tail_host_slab != slab:
+            if snap is None or snap.tail_host_slab != slab or snap.inexact:
                 continue
             stores.append(PendingStore(TailStored(snap.id, slab, 0), (slab,), (generations[slab],)))
         return stores

@@ -75,6 +75,7 @@ COVER_EVENTS = (
     ev.DeviceCopiesDropped,
     ev.SubtreeDeleted,
     ev.NodeHostDropped,
+    ev.BlockMadeExact,  # drops an inexact host copy; makes a path exact (an exact-only cover grows)
 )
 
 
@@ -94,6 +95,7 @@ class KvEventPublisher:
         topic: bytes = b"",
         max_pending_events: int = DEFAULT_MAX_PENDING_EVENTS,
         replay_history: int = DEFAULT_REPLAY_HISTORY,
+        exact_only: bool = False,
     ) -> None:
         zmq = _import_zmq()
         self.endpoint = endpoint
@@ -108,7 +110,7 @@ class KvEventPublisher:
         self.lost = False
         self._zmq = zmq
         self._shadow = PrefixIndex(geometry)
-        self._cover = ResumableCover()
+        self._cover = ResumableCover(exact_only)  # an exact-only engine resumes only from exact entries
         self._seq = -1
         self._history: deque[tuple[int, bytes]] = deque(maxlen=replay_history)
         self._pending: list[ev.CacheEvent] = []

@@ -69,21 +69,23 @@ class _Abandoned(Exception):
     pass
 
 
-def _path_host_resident(anchor: BlockNode) -> bool:
+def _path_savable(anchor: BlockNode) -> bool:
+    """Every block up to ``anchor`` is on the host and exact (a loaded block is taken as exact)."""
     node: BlockNode | None = anchor
     while node is not None and node.parent is not None:
-        if node.host_state != Residency.RESIDENT:
+        if node.host_state != Residency.RESIDENT or node.inexact:
             return False
         node = node.parent
     return True
 
 
 def select_saved(index: PrefixIndex) -> tuple[list[BlockNode], list[Snapshot]]:
-    """The blocks (parents first) and snapshots (by id) a save writes. Pure."""
+    """The blocks (parents first) and snapshots (by id) a save writes: complete on the host and exact, as
+    their path (the file keeps no exactness marks, so what it holds must be exact). Pure."""
     snapshots = [
         snap
         for snap in sorted(index.snapshots.values(), key=lambda s: s.id)
-        if snap.host_complete and _path_host_resident(snap.anchor)
+        if snap.host_complete and not snap.inexact and _path_savable(snap.anchor)
     ]
     blocks: dict[int, BlockNode] = {}
     for snap in snapshots:

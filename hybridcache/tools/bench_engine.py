@@ -439,12 +439,14 @@ async def _settled(engine: Engine, prompt: PreparedPrompt, max_tokens: int) -> T
 
 
 async def wait_for_host_writes(engine: Engine, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
-    """Poll `stats()` until no request runs and no host write is in flight (the snapshot copies of the
-    last finish landed). Returns False (and says so) on timeout; reads only."""
+    """Poll `stats()` until no request runs, no host write is in flight (the snapshot copies of the last
+    finish landed) and no idle-time refill runs (it would share the CPU with the next timed request).
+    Returns False (and says so) on timeout; reads only."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if stats.get("host_writes_in_flight", 0) == 0 and stats.get("requests_running", 0) == 0:
+        busy = ("host_writes_in_flight", "requests_running", "endpoint_refills_running")
+        if not any(stats.get(name, 0) for name in busy):
             return True
         await asyncio.sleep(0.01)
     print("bench engine: warning: host writes did not settle", file=sys.stderr)

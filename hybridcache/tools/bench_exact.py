@@ -1,12 +1,16 @@
 """`hybridcache bench exact`: does a resumed request compute exactly what a cold one computes?
 
 For prompts that resume from each source (a device snapshot, host slabs, the cache file after a restart,
-a coalesced sibling's tap) at points that are and are not block-aligned, the resumed request's answer is
+a coalesced sibling's tap, a finished request's answer once the idle re-prefill has made it exact) at
+points that are and are not block-aligned, the resumed request's answer is
 compared with the same prompt run cold on an engine without prefix reuse, at the same prefill chunk. A
 second cold engine with a quarter of the chunk measures how much chunking alone moves the numbers. Every
 request decodes `--decode-tokens` greedy tokens (the first comes from the prefill) and asks for the top-20
 log-probabilities of each (the most `Engine.submit` returns); a step is compared while the two runs have
 produced the same tokens so far, so the continuation is teacher-forced by the cold run's own tokens.
+
+Engines run one after another, each freed before the next starts (a `small` float32 engine holds about
+3 GB), so the peak is one engine.
 
 Printed (name=value lines): per case its source, reuse and `max_logprob_diff` and greedy tokens matched;
 then `cache_max_logprob_diff` (largest |Δ| over every compared step and top-20 entry, resumed vs cold),
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import math
 import sys
 import tempfile
@@ -26,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.tools.bench_engine import bench_prompt, preset_checkpoint, run_loop, wait_for_host_writes
 
 if TYPE_CHECKING:
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
     from hybridcache.core.frontend import Frontend
 
 TOP = 20
+ANSWER_TOKENS = 160  # the endpoint case's first answer: two whole blocks and a partial one past its prompt
 
 
 class Answer(NamedTuple):
@@ -54,12 +61,14 @@ class Comparison(NamedTuple):
 
 class Case(NamedTuple):
     """A prompt to resume: `setup` prompts run first on the cached engine (to leave snapshots), then
-    `target`; `source` is where the target should resume from."""
+    `target`; `source` is where the target should resume from. Each setup prompt decodes
+    `setup_tokens` tokens."""
 
     name: str
     source: str
     setup: list[list[int]]
     target: list[int]
+    setup_tokens: int = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,13 +174,20 @@ def build_cases(n: int, fresh: Sequence[list[int]]) -> list[Case]:
     ]
 
 
+def endpoint_case(prompt: list[int], answer: list[int], new_text: list[int]) -> Case:
+    """A chat-like follow-up: `prompt`, the greedy `answer` it gets, then `new_text`. The answer's blocks
+    and endpoint come from decode steps until the engine, idle, re-prefills them exactly; the follow-up
+    then resumes at the answer's end (the re-prefill's tail tap, where the decode ended). Pure."""
+    return Case("endpoint.follow_up.refilled", "device", [prompt], prompt + answer + new_text, len(answer))
+
+
 # -- the measurement ------------------------------------------------------------------------------
 async def _measure(directory: Path, args: argparse.Namespace, scratch: Path) -> list[tuple[str, str]]:
     from hybridcache.core.frontend import Frontend
 
     n = args.prompt_tokens
     frontend = Frontend.from_dir(directory, 3 * n + args.decode_tokens + 64)
-    fresh = [bench_prompt(frontend, 2 * n, seed=seed) for seed in range(1, 9)]
+    fresh = [bench_prompt(frontend, 2 * n, seed=seed) for seed in range(1, 11)]
     cases = build_cases(n, fresh)
     lines: list[tuple[str, str]] = []
     cold: dict[str, Answer] = {}
@@ -179,6 +195,10 @@ async def _measure(directory: Path, args: argparse.Namespace, scratch: Path) -> 
     for chunk in (args.prefill_chunk, args.prefill_chunk // 4):
         engine = await _start(directory, args, chunk, prefix_reuse=False)
         try:
+            if chunk == args.prefill_chunk:  # the first cold engine answers the endpoint case's prompt
+                prompt = fresh[8][: n - n % 64 + 37]
+                answer = await _ask(engine, frontend.prepare_tokens(prompt), ANSWER_TOKENS)
+                cases.append(endpoint_case(prompt, answer.tokens, fresh[9][:100]))
             for case in cases:
                 answer = await _ask(engine, frontend.prepare_tokens(case.target), args.decode_tokens)
                 if case.name not in cold:
@@ -187,6 +207,8 @@ async def _measure(directory: Path, args: argparse.Namespace, scratch: Path) -> 
                     chunking = max(chunking, compare(answer, cold[case.name]).max_diff)
         finally:
             await engine.stop()
+            del engine
+            _release_memory()
     resumed = await _resume_all(directory, args, frontend, cases, scratch)
     worst, matched, total, differing = 0.0, 0, 0, 0
     for case in cases:
@@ -215,35 +237,63 @@ async def _resume_all(
 ) -> dict[str, Answer]:
     """Run every case on a cached engine set up so the target resumes from the case's source."""
     answers: dict[str, Answer] = {}
-    decode = args.decode_tokens
     for case in cases:
-        kind = case.name.split(".")[0]
-        cache_file = str(scratch / f"{case.name}.hcache")
-        # the host case's pool holds one request, so each filler evicts the one before
-        pages = -(-(len(case.target) + decode) // 64) + 2 if kind == "host" else None
-        file = cache_file if kind == "file" else None
-        engine = await _start(directory, args, args.prefill_chunk, cache_file=file, pages=pages)
-        try:
-            if kind == "coalesced":  # the target waits for the sibling's tap at the shared prefix
-                sibling = _ask(engine, frontend.prepare_tokens(case.setup[0]), 1)
-                target = _ask(engine, frontend.prepare_tokens(case.target), decode)
-                _, answers[case.name] = await asyncio.gather(sibling, target)
-                continue
-            for prompt in case.setup:
-                await _ask(engine, frontend.prepare_tokens(prompt), 1)
-                await wait_for_host_writes(engine)
-            if kind == "host":  # unrelated prompts push the setup's blocks and snapshot to host slabs
-                for seed in range(20, 22):
-                    filler = bench_prompt(frontend, len(case.target), seed=seed)
-                    await _ask(engine, frontend.prepare_tokens(filler), 1)
-                    await wait_for_host_writes(engine)
-            if kind == "file":  # stop (saving the cache file), then a new engine loads it
-                await engine.stop()
-                engine = await _start(directory, args, args.prefill_chunk, cache_file=cache_file)
-            answers[case.name] = await _ask(engine, frontend.prepare_tokens(case.target), decode)
-        finally:
-            await engine.stop()
+        answers[case.name] = await _resume_one(directory, args, frontend, case, scratch)
+        _release_memory()
     return answers
+
+
+async def _resume_one(
+    directory: Path, args: argparse.Namespace, frontend: Frontend, case: Case, scratch: Path
+) -> Answer:
+    kind = case.name.split(".")[0]
+    cache_file = str(scratch / f"{case.name}.hcache")
+    target = frontend.prepare_tokens(case.target)
+    # the host case's pool holds one request, so each filler evicts the one before
+    pages = -(-(len(case.target) + args.decode_tokens) // 64) + 2 if kind == "host" else None
+    file = cache_file if kind == "file" else None
+    engine = await _start(directory, args, args.prefill_chunk, cache_file=file, pages=pages)
+    try:
+        if kind == "coalesced":  # the target waits for the sibling's tap at the shared prefix
+            sibling = _ask(engine, frontend.prepare_tokens(case.setup[0]), 1)
+            _, answer = await asyncio.gather(sibling, _ask(engine, target, args.decode_tokens))
+            return answer
+        await _set_up(engine, frontend, case)
+        if kind != "file":
+            return await _ask(engine, target, args.decode_tokens)
+    finally:
+        await engine.stop()  # the file case's stop saves the cache file
+    del engine
+    _release_memory()
+    restarted = await _start(directory, args, args.prefill_chunk, cache_file=cache_file)
+    try:
+        return await _ask(restarted, target, args.decode_tokens)
+    finally:
+        await restarted.stop()
+
+
+async def _set_up(engine: Engine, frontend: Frontend, case: Case) -> None:
+    """Leave the snapshots the case's target should resume from."""
+    kind = case.name.split(".")[0]
+    for prompt in case.setup:
+        await _ask(engine, frontend.prepare_tokens(prompt), case.setup_tokens)
+        await wait_for_host_writes(engine)
+    if kind == "endpoint" and not await engine.settle():  # the idle re-prefill of the answer
+        raise RuntimeError("the engine did not finish its idle work")
+    if kind == "host":  # unrelated prompts push the setup's blocks and snapshot to host slabs
+        for seed in range(20, 22):
+            filler = bench_prompt(frontend, len(case.target), seed=seed)
+            await _ask(engine, frontend.prepare_tokens(filler), 1)
+            await wait_for_host_writes(engine)
+
+
+def _release_memory() -> None:
+    """Hand a stopped (and dropped) engine's memory back before the next one loads: the engine's objects
+    refer to each other, so only a collection frees its weights and pools, and glibc keeps freed pages."""
+    gc.collect()
+    trim = heap_trimmer()
+    if trim is not None:
+        trim()
 
 
 async def _start(

@@ -24,11 +24,12 @@ def server(micro_checkpoint) -> Iterator[ServerProcess]:
 
 
 def settled_stats(server: ServerProcess, timeout_s: float = 10.0) -> dict:
-    """/v1/cache/stats once no request runs and no host write is in flight."""
+    """/v1/cache/stats once no request runs, no host write is in flight and no idle-time work is left."""
     deadline = time.monotonic() + timeout_s
     while True:
         _, stats = server.get("/v1/cache/stats")
-        idle = stats["requests_running"] == 0 and stats["host_writes_in_flight"] == 0
+        busy = ("requests_running", "host_writes_in_flight", "endpoint_refills_running")
+        idle = not any(stats[name] for name in busy) and not stats["endpoint_refills_pending"]
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)

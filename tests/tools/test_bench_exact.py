@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hybridcache.cli import main
-from hybridcache.tools.bench_exact import Answer, build_cases, compare
+from hybridcache.tools.bench_exact import ANSWER_TOKENS, Answer, build_cases, compare
 
 FLAGS = ["--prompt-tokens", "200", "--decode-tokens", "8", "--prefill-chunk", "256", "--dtype", "bfloat16"]
 
@@ -40,7 +40,7 @@ def test_every_case_resumes_from_its_source_with_the_cold_runs_numbers(bench_lin
         assert bench_lines[f"case.{case.name}.max_logprob_diff"] == "0", case.name
     assert bench_lines["cache_max_logprob_diff"] == "0"
     assert bench_lines["chunking_max_logprob_diff"] == "0"
-    assert bench_lines["greedy_tokens_matched"] == "56/56"
+    assert bench_lines["greedy_tokens_matched"] == "64/64"
     assert bench_lines["top_token_sets_differ"] == "0"
 
 
@@ -53,3 +53,13 @@ def test_a_comparison_stops_at_the_first_differing_token_and_flags_differing_top
     assert result.max_diff == 0.5 and result.matched == 1 and result.total == 3
     other_set = Answer([1, 2, 3], [{1: -0.5, 5: -1.0}, {2: -0.25}, {3: -0.1}], "device", 64)
     assert math.isinf(compare(other_set, cold).max_diff)
+
+
+def test_the_endpoint_case_resumes_inside_the_answer_after_the_idle_refill(bench_lines):
+    name = "case.endpoint.follow_up.refilled"
+    prompt = 200 - 200 % 64 + 37  # 229; the answer adds ANSWER_TOKENS, the last one not computed
+    reused, total = (int(part) for part in bench_lines[f"{name}.reuse_tokens"].split(" of "))
+    assert total == prompt + ANSWER_TOKENS + 100
+    assert reused == prompt + ANSWER_TOKENS - 1  # the refill's tail tap, where the decode ended
+    assert bench_lines[f"{name}.source"] == "device"
+    assert bench_lines[f"{name}.max_logprob_diff"] == "0"
