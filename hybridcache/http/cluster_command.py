@@ -24,6 +24,7 @@ from hybridcache.config import OptionError, resolve_options
 from hybridcache.http import serve_command
 from hybridcache.http.cluster_plan import DEFAULT_POLICY, ROUTERS, ClusterPlan, plan_cluster
 from hybridcache.http.lifecycle import DEFAULT_MODEL_NAME
+from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.startup_checks import check_bindable, check_model_dir
 
 OPTION_ERROR_EXIT = 2
@@ -69,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         options = resolve_options(serve_command.engine_options_from_args(args))
         check_model_dir(options.model)
         name = args.served_model_name or (Path(options.model).name if options.model else DEFAULT_MODEL_NAME)
+        keys = ServerOptions.from_args(args).api_keys
         plan = plan_cluster(args.replicas, args.router, args.policy, args.host, args.port,
-                            serve_flags(args), name)
+                            serve_flags(args), name, api_key=keys[0] if keys else None)
         check_bindable(args.host, args.port)
         for replica in plan.replicas:
             check_bindable(args.host, int(replica.url.rsplit(":", 1)[1]))

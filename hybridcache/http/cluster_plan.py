@@ -3,7 +3,10 @@
 Pure: the plan is argument lists and URLs, nothing runs here. Ports follow the router's: with the router
 on PORT, replica i (0-based) serves HTTP on PORT+1+i, publishes KV events on PORT+1+N+i and answers
 replays on PORT+1+2N+i; the router's own Prometheus exporter listens on PORT+1+3N (both routers open
-one, on the same default port). A file flag (`--prefix-cache-file`, `--event-log`) gets the replica's index
+one, on the same default port). Replica i is named ``r{i}`` (`--replica-id`, echoed in every response's
+``x-hybridcache-replica`` header). When the replicas require an API key, the router gets the first one
+(`--api-key`: both routers send it to their workers, the render calls kv_aware makes included).
+A file flag (`--prefix-cache-file`, `--event-log`) gets the replica's index
 before its extension (``cache.hcf`` -> ``cache.r0.hcf``), so two replicas never write the same file.
 """
 
@@ -20,7 +23,7 @@ from hybridcache.config import OptionError
 ROUTERS = ("vllm-router", "sglang-router")
 DEFAULT_POLICY = {"vllm-router": "kv_aware", "sglang-router": "cache_aware"}
 PER_REPLICA_FILE_FLAGS = ("--prefix-cache-file", "--event-log")
-DERIVED_FLAGS = ("--port", "--host", "--kv-events", "--kv-events-replay")
+DERIVED_FLAGS = ("--port", "--host", "--kv-events", "--kv-events-replay", "--replica-id")
 HEALTH_CHECK_INTERVAL_S = 2
 
 
@@ -45,7 +48,7 @@ def replica_file(path: str, index: int) -> str:
 
 
 def plan_cluster(replicas: int, router: str, policy: str | None, host: str, port: int,
-                 serve_flags: list[str], model_name: str) -> ClusterPlan:
+                 serve_flags: list[str], model_name: str, api_key: str | None = None) -> ClusterPlan:
     """The replicas' and the router's command lines. Raises OptionError for a flag the cluster derives
     itself, a replica count below 1, or a port range past 65535."""
     if replicas < 1:
@@ -64,22 +67,24 @@ def plan_cluster(replicas: int, router: str, policy: str | None, host: str, port
         kv_events = f"tcp://{host}:{port + 1 + replicas + index}"
         replay = f"tcp://{host}:{port + 1 + 2 * replicas + index}"
         command = [sys.executable, "-m", "hybridcache", "serve", "--host", host, "--port", str(http_port),
-                   "--kv-events", kv_events, "--kv-events-replay", replay,
+                   "--kv-events", kv_events, "--kv-events-replay", replay, "--replica-id", f"r{index}",
                    *_per_replica_files(serve_flags, index)]
         planned.append(Replica(index, f"http://{host}:{http_port}", kv_events, replay, command))
     command = router_command(router, policy or DEFAULT_POLICY[router], host, port, planned, model_name,
-                             metrics_port=port + 1 + 3 * replicas)
+                             metrics_port=port + 1 + 3 * replicas, api_key=api_key)
     return ClusterPlan(planned, f"http://{host}:{port}", command)
 
 
 def router_command(router: str, policy: str, host: str, port: int, replicas: list[Replica],
-                   model_name: str, metrics_port: int) -> list[str]:
+                   model_name: str, metrics_port: int, api_key: str | None = None) -> list[str]:
     """The router's command line naming every replica (and, for vllm-router's kv_aware, each replica's
     event and replay sockets). Pure apart from finding the executable on PATH or beside Python."""
     urls = [replica.url for replica in replicas]
     common = ["--host", host, "--port", str(port), "--worker-urls", *urls, "--policy", policy,
               "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S), "--health-failure-threshold", "1",
               "--prometheus-host", host, "--prometheus-port", str(metrics_port)]
+    if api_key is not None:
+        common += ["--api-key", api_key]
     if router == "sglang-router":
         return [router_executable(router), "launch", *common]
     command = [router_executable(router), *common]

@@ -6,7 +6,8 @@ earlier than its arrival time and no earlier than the previous reply plus its th
 trace's, scaled by `time_scale`; 0 sends as fast as replies allow). Every request streams with usage, and
 asks for logprobs so that the server sends a chunk for every token even while its output parser holds
 text back: TTFT is the time from sending to the first chunk that carries a token. A failed request is
-recorded with its error and the conversation goes on.
+recorded with its error and the conversation goes on. Each record keeps the `x-hybridcache-replica`
+response header (empty when the server sends none): behind a router, which replica served it.
 
 The `openai` package is a test extra (`pip install 'hybridcache[test]'` or `pip install openai`);
 `require_openai()` says so clearly when it is missing.
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 REQUEST_TIMEOUT_S = 3600.0
+REPLICA_HEADER = "x-hybridcache-replica"
 OPENAI_MISSING = ("the openai client is not installed; install it with `pip install openai` "
                   "(or `pip install 'hybridcache[test]'`)")
 
@@ -46,6 +48,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int
     completion_tokens: int
     error: str = ""
+    replica: str = ""  # the x-hybridcache-replica header of the reply
 
     @property
     def ok(self) -> bool:
@@ -136,9 +139,12 @@ async def send_request(client: AsyncOpenAI, model: str, request: PlannedRequest,
     sent = time.perf_counter()
     first_token: float | None = None
     usage: Any = None
-    identity = {"conversation": request.conversation, "turn": request.turn, "sent_s": sent - epoch}
+    identity: dict[str, Any] = {"conversation": request.conversation, "turn": request.turn,
+                                "sent_s": sent - epoch}
     try:
-        async for chunk in await _open_stream(client, model, request):
+        raw = await _open_stream(client, model, request)
+        identity["replica"] = raw.headers.get(REPLICA_HEADER, "")
+        async for chunk in raw.parse():  # a legacy raw response: parse() is not a coroutine
             usage = chunk.usage or usage
             if first_token is None and any(_carries_token(choice) for choice in chunk.choices):
                 first_token = time.perf_counter()
@@ -160,6 +166,7 @@ async def send_request(client: AsyncOpenAI, model: str, request: PlannedRequest,
 
 
 async def _open_stream(client: AsyncOpenAI, model: str, request: PlannedRequest) -> Any:
+    """The raw response (its headers, then `parse()` for the stream of chunks)."""
     common: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens,
@@ -170,10 +177,11 @@ async def _open_stream(client: AsyncOpenAI, model: str, request: PlannedRequest)
     }
     if request.messages is not None:
         extra = {"tools": list(request.tools)} if request.tools else {}
-        return await client.chat.completions.create(messages=list(request.messages), logprobs=True,
-                                                    **extra, **common)
+        return await client.chat.completions.with_raw_response.create(
+            messages=list(request.messages), logprobs=True, **extra, **common)
     assert request.prompt_token_ids is not None
-    return await client.completions.create(prompt=list(request.prompt_token_ids), logprobs=0, **common)
+    return await client.completions.with_raw_response.create(prompt=list(request.prompt_token_ids),
+                                                             logprobs=0, **common)
 
 
 def _carries_token(choice: Any) -> bool:

@@ -20,7 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cli import main
+from hybridcache.tools.bench_trace import _describe_late
 from hybridcache.tools.serve_launch import ServeFlags, ServeLaunchError, ServeProcess
+from hybridcache.tools.trace_bound import LateResume
 from hybridcache.tools.trace_client import RequestRecord, make_client, probe_server, send_request
 from hybridcache.tools.trace_gen import generate, render
 from hybridcache.tools.trace_plan import PlanLimits, plan_replay, select_requests
@@ -212,6 +214,16 @@ def test_a_one_turn_trace_is_plotted_per_request(tmp_path):
 
 # --- clear errors ------------------------------------------------------------------------------------------
 
+def test_a_late_line_names_the_replicas_of_the_request_and_of_its_shared_prompt():
+    late = LateResume(("a", 5), prompt_tokens=900, resumed_at=128, diverges_at=800, shared_with=("a", 4),
+                      evaluated=772, bound=100)
+    plain = "a turn 5: prompt 900, resumed at 128, diverges at 800 from a turn 4; evaluated 772, bound 100"
+    assert _describe_late(late, {}) == plain
+    assert _describe_late(late, {("a", 5): "r1", ("a", 4): "r0"}) == plain + "; on r1, shared on r0"
+    alone = _describe_late(late._replace(shared_with=None), {("a", 5): "r1"})
+    assert alone.endswith("no earlier prompt; evaluated 772, bound 100; on r1")
+
+
 def test_a_missing_trace_file_is_exit_2_with_its_name(tmp_path):
     status, _, err = run_cli(str(tmp_path / "nope.jsonl"), "--server", "http://127.0.0.1:9")
     assert status == 2 and "nope.jsonl: no such trace file" in err
@@ -278,6 +290,8 @@ def test_the_client_records_ttft_and_the_cached_tokens_of_a_second_turn(micro_se
         assert answered.completion_tokens == 4
     assert first.cached_tokens == 0 and second.prompt_tokens > first.prompt_tokens
     assert 0 < second.cached_tokens < second.prompt_tokens
+    address = micro_server.url.removeprefix("http://")  # a lone serve names itself by its address
+    assert first.replica == second.replica == address
 
 
 def test_a_block_id_trace_replays_through_completions_with_token_prompts(micro_server, micro_checkpoint):
