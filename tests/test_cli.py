@@ -82,6 +82,8 @@ def test_invalid_serve_options_give_one_line_and_exit_2(flags: list[str], flag_n
     [
         (["--replicas", "0"], "--replicas"),
         (["--replicas", "2", "--kv-events", "tcp://127.0.0.1:5557"], "--kv-events"),
+        (["--replicas", "2", "--session-affinity-ttl", "-1"], "--session-affinity-ttl"),
+        (["--replicas", "2", "--replica-id", "r9"], "--replica-id"),
         (["--replicas", "2", "--host-cache-mib", "0", "--prefix-cache-file", "/tmp/x.hcf"],
          "--prefix-cache-file"),
     ],

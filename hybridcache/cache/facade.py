@@ -31,6 +31,7 @@ from hybridcache.cache.facade_results import (
     StaleQuote,
     StateSourceKind,
 )
+from hybridcache.cache.flush import plan_flush
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.hashing import block_hash
 from hybridcache.cache.host_eviction import (
@@ -170,6 +171,13 @@ class Cache(PublicationCalls):
                 return True
             self.stats.evicted_host_events += len(events)
             self._apply_valued(events)
+
+    def flush_unpinned(self) -> int:
+        """Delete every cached prefix no running request holds (``flush.plan_flush``). Mutates; returns
+        how many subtrees went."""
+        events = plan_flush(self.index)
+        self._apply_valued(events)
+        return len(events)
 
     # ------------------------------------------------------------------ admission (§6)
     def quote(self, prompt: PromptInput) -> Quote:

@@ -109,6 +109,10 @@ class EngineProtocol(Protocol):
     def check_integrity(self) -> None:
         """Rebuild the cache's derived state and compare; raises IntegrityError (an AssertionError)."""
 
+    async def flush_cache(self) -> int:
+        """Drop every cached prefix no running request holds; returns how many subtrees went. Raises
+        RequestError("unavailable") when the engine is not running."""
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...

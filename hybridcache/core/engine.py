@@ -252,6 +252,33 @@ class Engine:
             await asyncio.sleep(0.005)
         return False
 
+    async def flush_cache(self) -> int:
+        """Drop every cached prefix no running request holds (between two units of the worker, which
+        owns the cache); a running request keeps its path and finishes normally, and what it publishes
+        later is cached as usual. Then the router gets ``AllBlocksCleared`` and what is left. Returns
+        how many subtrees went; raises RequestError("unavailable") when the engine is not running."""
+        worker = self._worker
+        if worker is None or self._failure is not None or worker.stopping:
+            raise RequestError("unavailable", "the engine is not running")
+        flushed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def flush() -> None:
+            try:
+                count = self.cache.flush_unpinned()
+            except BaseException as error:  # the worker fails on it too: the index is no longer trusted
+                if not flushed.done():
+                    flushed.set_exception(RequestError("internal", f"the cache flush failed: {error}"))
+                raise
+            if not flushed.done():
+                flushed.set_result(count)
+
+        worker.post(flush)
+        count = await flushed
+        if self.kv_events is not None:
+            self.kv_events.request_resync()
+        log.info("prefix cache flushed: %d subtrees dropped", count)
+        return count
+
     # -- reporting ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         """Counters for /metrics and /v1/cache/stats (a snapshot; reading only)."""

@@ -8,9 +8,13 @@ never takes the server down.
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/messages,
 POST /v1/chat/completions/render and /v1/completions/render (the prompt's token ids, for routers),
-GET /server_info, GET /health, GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats
-(``engine.stats()`` as JSON; /metrics carries the same figures under the same names), GET
-/v1/cache/integrity (``check_integrity()`` of the live index: 200 clean, 500 naming the first problem).
+GET /server_info, POST /flush_cache (empty the prefix cache; see flush_route.py), GET /health,
+GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats (``engine.stats()`` as JSON;
+/metrics carries the same figures under the same names), GET /v1/cache/integrity (``check_integrity()``
+of the live index: 200 clean, 500 naming the first problem).
+
+Every response, streamed ones and errors included, carries ``x-hybridcache-replica`` (`--replica-id`):
+behind a router, the client can tell which replica answered (routers pass response headers through).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from hybridcache.core.api import EngineProtocol
 from hybridcache.http.anthropic_routes import messages
 from hybridcache.http.auth import authenticate
 from hybridcache.http.errors import ApiError, error_response, kind_of_status, protocol_of_path
+from hybridcache.http.flush_route import FLUSH_PATH, flush_cache
 from hybridcache.http.metrics import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from hybridcache.http.openai_chat import chat_completions
 from hybridcache.http.openai_completions import completions
 from hybridcache.http.render_routes import chat_render, completion_render, server_info
+from hybridcache.http.replica_name import name_the_replica
 from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.state import STATE_KEY, FrontendLike, ServerState, server_state
 from hybridcache.http.waiting_cap import WaitingCap, waiting_cap_middleware
@@ -43,6 +49,7 @@ def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOp
     app = web.Application(client_max_size=options.max_body_bytes,
                           middlewares=[error_middleware, waiting_cap_middleware(waiting)])
     app[STATE_KEY] = ServerState(engine, frontend, options)
+    app.on_response_prepare.append(name_the_replica)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
@@ -55,17 +62,18 @@ def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOp
     app.router.add_post("/v1/completions/render", completion_render)
     app.router.add_get("/server_info", server_info)
     app.router.add_get("/get_server_info", server_info)
+    app.router.add_post(FLUSH_PATH, flush_cache)
     return app
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Authenticate /v1/ routes (and /metrics when asked); render every refusal in the route's envelope;
-    never let one escape."""
+    """Authenticate /v1/ routes and /flush_cache (and /metrics when asked); render every refusal in the
+    route's envelope; never let one escape."""
     state = server_state(request)
     protocol = protocol_of_path(request.path)
     try:
-        if request.path.startswith("/v1/") or (
+        if request.path.startswith("/v1/") or request.path == FLUSH_PATH or (
             request.path == "/metrics" and state.options.metrics_require_api_key
         ):
             authenticate(request, state.options.api_keys)

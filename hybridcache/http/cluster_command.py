@@ -22,15 +22,22 @@ from pathlib import Path
 
 from hybridcache.config import OptionError, resolve_options
 from hybridcache.http import serve_command
-from hybridcache.http.cluster_plan import DEFAULT_POLICY, ROUTERS, ClusterPlan, plan_cluster
+from hybridcache.http.cluster_plan import (
+    DEFAULT_POLICY,
+    DEFAULT_SESSION_AFFINITY_TTL_S,
+    ROUTERS,
+    ClusterPlan,
+    plan_cluster,
+)
 from hybridcache.http.lifecycle import DEFAULT_MODEL_NAME
+from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.startup_checks import check_bindable, check_model_dir
 
 OPTION_ERROR_EXIT = 2
 STARTUP_ERROR_EXIT = 1
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 120.0
-CLUSTER_ONLY = ("replicas", "router", "policy")
+CLUSTER_ONLY = ("replicas", "router", "policy", "session_affinity_ttl")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--policy", default=None,
                          help="the router's policy (default: " +
                          ", ".join(f"{name} {policy}" for name, policy in DEFAULT_POLICY.items()) + ")")
+    cluster.add_argument("--session-affinity-ttl", type=int, default=DEFAULT_SESSION_AFFINITY_TTL_S,
+                         metavar="SECONDS",
+                         help="vllm-router kv_aware: keep a session (x-session-id) on its replica until it "
+                         f"is idle this long; 0 turns it off (default {DEFAULT_SESSION_AFFINITY_TTL_S})")
     serve_command.add_arguments(parser)
 
 
@@ -69,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         options = resolve_options(serve_command.engine_options_from_args(args))
         check_model_dir(options.model)
         name = args.served_model_name or (Path(options.model).name if options.model else DEFAULT_MODEL_NAME)
+        keys = ServerOptions.from_args(args).api_keys
         plan = plan_cluster(args.replicas, args.router, args.policy, args.host, args.port,
-                            serve_flags(args), name)
+                            serve_flags(args), name, api_key=keys[0] if keys else None,
+                            session_affinity_ttl_s=args.session_affinity_ttl)
         check_bindable(args.host, args.port)
         for replica in plan.replicas:
             check_bindable(args.host, int(replica.url.rsplit(":", 1)[1]))

@@ -19,6 +19,7 @@ from hybridcache.http.auth import request_cache_salt
 from hybridcache.http.openai_chat import chat_prompt
 from hybridcache.http.openai_completions import completion_prompt
 from hybridcache.http.openai_schemas import ChatCompletionRequest, CompletionRequest
+from hybridcache.http.replica_name import replica_name
 from hybridcache.http.request_prep import decode_body, resolve_max_tokens
 from hybridcache.http.state import ServerState, server_state
 
@@ -51,6 +52,7 @@ async def server_info(request: web.Request) -> web.Response:
         "max_model_len": state.max_model_len,
         "kv_block_size": BLOCK_TOKENS,
         "version": __version__,
+        "replica_id": replica_name(request),
     })
 
 

@@ -61,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests that may wait for a lane; more get 429 with Retry-After (default 64 x "
         "--max-concurrency)",
     )
+    server.add_argument(
+        "--replica-id", default=None,
+        help="this server's name in the x-hybridcache-replica response header and /server_info, so a "
+        "client behind a router can tell which replica answered (default HOST:PORT; `cluster`: r0, r1...)",
+    )
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     server.add_argument(
         "--default-max-tokens",

@@ -31,6 +31,13 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # output cap when a request sets none
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY  # the engine's lanes; requests beyond them wait
     max_waiting: int | None = None  # --max-waiting; None = WAITING_PER_LANE x max_concurrency
+    replica_id: str | None = None  # --replica-id; None = "host:port"
+
+    def replica_name(self, bound_port: int | None = None) -> str:
+        """What this server calls itself in the `x-hybridcache-replica` header and /server_info: the
+        `--replica-id` given (`cluster` gives r0, r1, ...), else the address it listens on (`bound_port`:
+        the port it got when asked for port 0)."""
+        return self.replica_id or f"{self.host}:{bound_port or self.port}"
 
     @property
     def waiting_limit(self) -> int:
@@ -53,6 +60,9 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
         max_waiting = getattr(args, "max_waiting", None)
         if max_waiting is not None and max_waiting < 0:
             raise OptionError("--max-waiting", "must not be negative")
+        replica_id = getattr(args, "replica_id", None)
+        if replica_id is not None and not _is_header_token(replica_id):
+            raise OptionError("--replica-id", "must be 1-64 visible ASCII characters without spaces")
         return cls(
             host=args.host,
             port=args.port,
@@ -63,7 +73,13 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
             default_max_tokens=args.default_max_tokens,
             max_concurrency=getattr(args, "max_concurrency", DEFAULT_MAX_CONCURRENCY),
             max_waiting=max_waiting,
+            replica_id=replica_id,
         )
+
+
+def _is_header_token(text: str) -> bool:
+    """Whether `text` can be sent as an HTTP header value as it is (it is echoed in every response)."""
+    return 0 < len(text) <= 64 and all(33 <= ord(char) <= 126 for char in text)
 
 
 def api_keys_from(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, ...]:

@@ -13,7 +13,9 @@ whole state. With ``replay_endpoint`` a ROUTER socket answers vllm-router's repl
 (``[empty, start_seq]``, sent at its start and on a gap) with the published messages from ``start_seq``
 on, kept in a bounded history (`replay_history`), then the end marker; a start older than the history
 gets the full state under the latest sequence number instead (everything published so far is in it).
-A router that sees the count restart (a replica restart) clears that replica by itself.
+A router that sees the count restart (a replica restart) clears that replica by itself. After a cache
+flush (`request_resync`) the next message is ``AllBlocksCleared`` and the cover that is left, so the
+router drops the replica's blocks in one step rather than block by block.
 
 The inbox is bounded (`max_pending_events`): a worker that outruns the fold for that long loses the
 shadow's continuity, so the publisher clears the router's view once and stops publishing; every event
@@ -114,6 +116,7 @@ class KvEventPublisher:
         self._seq = -1
         self._history: deque[tuple[int, bytes]] = deque(maxlen=replay_history)
         self._pending: list[ev.CacheEvent] = []
+        self._resync_wanted = False
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,6 +148,12 @@ class KvEventPublisher:
                 self._pending = []
         if first:
             self._wake()
+
+    def request_resync(self) -> None:
+        """Publish ``AllBlocksCleared`` and the whole cover after the events queued so far (a flush)."""
+        with self._lock:
+            self._resync_wanted = True
+        self._wake()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -203,6 +212,8 @@ class KvEventPublisher:
                 with self._lock:
                     batch, self._pending = self._pending, []
                     lost = self.lost
+                    resync |= self._resync_wanted
+                    self._resync_wanted = False
                 if lost:
                     if not cleared_after_loss:
                         log.error("kv-events: the publisher fell %d events behind the worker; the router's "

@@ -27,7 +27,11 @@ For token-id prompts (block-id traces) each server also gets the token-exact inf
 `<label>.evaluated_vs_bound`, overall and per conversation (`<label>.bound.<conversation>.…`), and a
 `<label>.late=` line for every request that evaluated more than bound + 64 tokens: its prompt length,
 where it resumed, where it diverges from the earlier prompt it shares most with (the nearest snapshot
-would have had to be there) and that prompt.
+would have had to be there) and that prompt. Behind a router whose replicas name themselves
+(`x-hybridcache-replica`, as `hybridcache cluster` sets up), the line ends with the replica that served
+the request and the one that served the prompt it shares most with (`on r1, shared on r0`): a request
+sent away from its prefix is misrouted; one on the same replica found its prefix evicted. The progress
+lines on stderr name the replica too.
 """
 
 from __future__ import annotations
@@ -229,8 +233,9 @@ def _replay_one(label: str, server: ServerInfo, plan: ReplayPlan,
 
     def progress(record: RequestRecord) -> None:
         done.append(record)
+        where = f" on {record.replica}" if record.replica else ""
         outcome = record.error or (f"ttft {record.ttft_s:.3f} s, cached {record.cached_tokens}/"
-                                   f"{record.prompt_tokens}")
+                                   f"{record.prompt_tokens}{where}")
         _progress(f"[{label}] {len(done)}/{total} {record.conversation} turn {record.turn}: {outcome}")
 
     async def session() -> list[RequestRecord]:
@@ -261,16 +266,24 @@ def _print_bound(label: str, plan: ReplayPlan, records: list[RequestRecord]) -> 
     summary, late = bound_report(bounds, evaluated)
     for name, value in summary.items():
         print(f"{label}.{name}={format_value(value)}")
+    replicas = {(r.conversation, r.turn): r.replica for r in answered}
     for request in late:
-        print(f"{label}.late={_describe_late(request)}")
+        print(f"{label}.late={_describe_late(request, replicas)}")
 
 
-def _describe_late(request: LateResume) -> str:
+def _describe_late(request: LateResume, replicas: dict[tuple[str, int], str]) -> str:
+    """One late request; with the replicas that served it and the prompt it shares with, when known."""
     conversation, turn = request.key
     shared = "no earlier prompt" if request.shared_with is None else "{} turn {}".format(*request.shared_with)
-    return (f"{conversation} turn {turn}: prompt {request.prompt_tokens}, resumed at {request.resumed_at}, "
+    line = (f"{conversation} turn {turn}: prompt {request.prompt_tokens}, resumed at {request.resumed_at}, "
             f"diverges at {request.diverges_at} from {shared}; evaluated {request.evaluated}, "
             f"bound {request.bound}")
+    served_on = replicas.get(request.key, "")
+    if served_on:
+        line += f"; on {served_on}"
+        if request.shared_with is not None and replicas.get(request.shared_with):
+            line += f", shared on {replicas[request.shared_with]}"
+    return line
 
 
 def _warm_up_request(plan: ReplayPlan) -> PlannedRequest:

@@ -6,7 +6,11 @@ earlier than its arrival time and no earlier than the previous reply plus its th
 trace's, scaled by `time_scale`; 0 sends as fast as replies allow). Every request streams with usage, and
 asks for logprobs so that the server sends a chunk for every token even while its output parser holds
 text back: TTFT is the time from sending to the first chunk that carries a token. A failed request is
-recorded with its error and the conversation goes on.
+recorded with its error and the conversation goes on. Each record keeps the `x-hybridcache-replica`
+response header (empty when the server sends none): behind a router, which replica served it. Every
+request of a conversation carries its id in `x-session-id` (as agent clients such as Claude Code send
+a session id), so a router with session affinity (vllm-router `--kv-aware-session-affinity-ttl-secs`,
+which `hybridcache cluster` turns on) keeps a conversation on the replica that holds it.
 
 The `openai` package is a test extra (`pip install 'hybridcache[test]'` or `pip install openai`);
 `require_openai()` says so clearly when it is missing.
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
 REQUEST_TIMEOUT_S = 3600.0
+REPLICA_HEADER = "x-hybridcache-replica"
+SESSION_HEADER = "x-session-id"
 OPENAI_MISSING = ("the openai client is not installed; install it with `pip install openai` "
                   "(or `pip install 'hybridcache[test]'`)")
 
@@ -46,6 +52,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     cached_tokens: int
     completion_tokens: int
     error: str = ""
+    replica: str = ""  # the x-hybridcache-replica header of the reply
 
     @property
     def ok(self) -> bool:
@@ -118,7 +125,7 @@ async def replay(client: AsyncOpenAI, model: str, plan: ReplayPlan, time_scale: 
         for request in planned.requests:
             send_at = max(lane_start + request.arrival_s * time_scale, replied + request.think_s * time_scale)
             await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
-            record = await send_request(client, model, request, started)
+            record = await send_request(client, model, request, started, session=planned.id)
             replied = time.perf_counter()
             records.append(record)
             if progress is not None:
@@ -129,16 +136,20 @@ async def replay(client: AsyncOpenAI, model: str, plan: ReplayPlan, time_scale: 
 
 
 async def send_request(client: AsyncOpenAI, model: str, request: PlannedRequest,
-                       epoch: float) -> RequestRecord:
-    """One streamed request, timed. Returns its record (with `error` set when it failed)."""
+                       epoch: float, session: str | None = None) -> RequestRecord:
+    """One streamed request, timed (`session`: its `x-session-id`). Returns its record (with `error` set
+    when it failed)."""
     import openai
 
     sent = time.perf_counter()
     first_token: float | None = None
     usage: Any = None
-    identity = {"conversation": request.conversation, "turn": request.turn, "sent_s": sent - epoch}
+    identity: dict[str, Any] = {"conversation": request.conversation, "turn": request.turn,
+                                "sent_s": sent - epoch}
     try:
-        async for chunk in await _open_stream(client, model, request):
+        raw = await _open_stream(client, model, request, session)
+        identity["replica"] = raw.headers.get(REPLICA_HEADER, "")
+        async for chunk in raw.parse():  # a legacy raw response: parse() is not a coroutine
             usage = chunk.usage or usage
             if first_token is None and any(_carries_token(choice) for choice in chunk.choices):
                 first_token = time.perf_counter()
@@ -159,7 +170,8 @@ async def send_request(client: AsyncOpenAI, model: str, request: PlannedRequest,
     )
 
 
-async def _open_stream(client: AsyncOpenAI, model: str, request: PlannedRequest) -> Any:
+async def _open_stream(client: AsyncOpenAI, model: str, request: PlannedRequest, session: str | None) -> Any:
+    """The raw response (its headers, then `parse()` for the stream of chunks)."""
     common: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens,
@@ -168,12 +180,15 @@ async def _open_stream(client: AsyncOpenAI, model: str, request: PlannedRequest)
         "stream_options": {"include_usage": True},
         "extra_body": {"ignore_eos": True},  # the same output length on every server
     }
+    if session is not None:
+        common["extra_headers"] = {SESSION_HEADER: session}
     if request.messages is not None:
         extra = {"tools": list(request.tools)} if request.tools else {}
-        return await client.chat.completions.create(messages=list(request.messages), logprobs=True,
-                                                    **extra, **common)
+        return await client.chat.completions.with_raw_response.create(
+            messages=list(request.messages), logprobs=True, **extra, **common)
     assert request.prompt_token_ids is not None
-    return await client.completions.create(prompt=list(request.prompt_token_ids), logprobs=0, **common)
+    return await client.completions.with_raw_response.create(prompt=list(request.prompt_token_ids),
+                                                             logprobs=0, **common)
 
 
 def _carries_token(choice: Any) -> bool:

@@ -67,6 +67,7 @@ class FakeEngine:
     failure: PlannedFailure | None = None
     extra_stats: dict[str, object] = field(default_factory=dict)
     integrity_problem: str | None = None
+    stopping: bool = False  # flush_cache answers "unavailable"
     submissions: list[Submission] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     running: int = 0
@@ -86,6 +87,13 @@ class FakeEngine:
 
     def stats(self) -> dict[str, object]:
         return {"requests_running": self.running, "requests_waiting": 0, **self.extra_stats}
+
+    async def flush_cache(self) -> int:
+        if self.stopping:
+            raise RequestError("unavailable", "the engine is not running")
+        flushed = len(self._known_blocks)
+        self._known_blocks.clear()
+        return flushed
 
     def check_integrity(self) -> None:
         if self.integrity_problem is not None:

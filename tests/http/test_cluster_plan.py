@@ -36,6 +36,24 @@ def test_vllm_router_kv_aware_names_each_replicas_event_and_replay_sockets():
     assert command[command.index("--kv-event-model") + 1] == "tiny"
 
 
+def test_replicas_are_named_and_kv_aware_keeps_sessions_on_their_replica():
+    plan = plan_cluster(2, "vllm-router", None, "127.0.0.1", 9000, [], "tiny")
+    assert [r.command[r.command.index("--replica-id") + 1] for r in plan.replicas] == ["r0", "r1"]
+    command = plan.router_command
+    assert command[command.index("--kv-aware-session-affinity-ttl-secs") + 1] == "1800"
+    off = plan_cluster(2, "vllm-router", None, "127.0.0.1", 9000, [], "tiny", session_affinity_ttl_s=0)
+    assert "--kv-aware-session-affinity-ttl-secs" not in off.router_command
+    with pytest.raises(OptionError, match="--session-affinity-ttl"):
+        plan_cluster(2, "vllm-router", None, "127.0.0.1", 9000, [], "tiny", session_affinity_ttl_s=-1)
+
+
+def test_the_router_gets_the_replicas_key_only_when_they_have_one():
+    for router in ("vllm-router", "sglang-router"):
+        keyed = plan_cluster(2, router, None, "127.0.0.1", 9000, ["--api-key", "k1"], "tiny", api_key="k1")
+        assert keyed.router_command[keyed.router_command.index("--api-key") + 1] == "k1"
+        assert "--api-key" not in plan_cluster(2, router, None, "127.0.0.1", 9000, [], "tiny").router_command
+
+
 def test_sglang_router_cache_aware_needs_no_event_sockets():
     plan = plan_cluster(2, "sglang-router", None, "127.0.0.1", 9000, [], "tiny")
     command = plan.router_command
@@ -44,7 +62,7 @@ def test_sglang_router_cache_aware_needs_no_event_sockets():
     assert command[command.index("--worker-urls") + 1:][:2] == ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
 
 
-@pytest.mark.parametrize("flag", ["--kv-events", "--kv-events-replay=tcp://x:1"])
+@pytest.mark.parametrize("flag", ["--kv-events", "--kv-events-replay=tcp://x:1", "--replica-id"])
 def test_flags_the_cluster_derives_are_refused(flag):
     with pytest.raises(OptionError, match="derived per replica"):
         plan_cluster(2, "vllm-router", None, "127.0.0.1", 9000, [flag, "tcp://127.0.0.1:1"], "tiny")

@@ -2,10 +2,10 @@
 
 vllm-router `kv_aware` routes by the KV events each replica publishes (`--kv-events`): four long
 prefixes sent at once land on both replicas; every follow-up goes to the replica that holds its prefix
-(its `cached_tokens` says so); after a replica's cache is cleared (a restart without a cache file),
-the router follows the events to where the prefix lives now; killing a replica moves its traffic to the
-other with no 5xx once the router has noticed. sglang-router `cache_aware` (its own tree of request text,
-through /server_info and the OpenAI endpoints) gives the same prefix affinity.
+(its `cached_tokens` says so); after a replica's cache is flushed (POST /flush_cache, which publishes
+AllBlocksCleared), the router follows the events to where the prefix lives now; killing a replica moves
+its traffic to the other with no 5xx once the router has noticed. sglang-router `cache_aware` (its own
+tree of request text, through /server_info and the OpenAI endpoints) gives the same prefix affinity.
 
 Skipped, saying why, only where a router wheel (x86-64 Linux) or pyzmq is not installed.
 """
@@ -118,11 +118,6 @@ class Replicas:
         log = open(self.logs / f"replica{replica.index}.log", "ab")  # noqa: SIM115 - closed with the process
         return subprocess.Popen(replica.command, stdout=log, stderr=log, start_new_session=True)
 
-    def restart(self, index: int) -> None:
-        self.stop(index, signal.SIGTERM)
-        self.processes[index] = self._start(self.planned[index])
-        wait_healthy([self.planned[index].url], [self.processes[index]])
-
     def stop(self, index: int, sig: int) -> None:
         process = self.processes[index]
         process.send_signal(sig)
@@ -203,11 +198,12 @@ def test_routers_send_each_follow_up_to_the_replica_holding_its_prefix(cluster):
     # vllm-router kv_aware: affinity from the replicas' KV events.
     holder = check_prefix_affinity(replicas, vllm_url, [1, 2, 3, 4])
 
-    # Clear replica 0's cache (a restart without a cache file). Warm one of its prefixes on replica 1
-    # directly: a router that follows the events now credits replica 1 alone and sends it there; one
-    # that missed the clear would see a tie with the emptied replica.
+    # Flush replica 0's cache. Warm one of its prefixes on replica 1 directly: a router that follows
+    # the events now credits replica 1 alone and sends it there; one that missed the clear would see a
+    # tie with the emptied replica.
     moved = next(seed for seed, index in holder.items() if index == 0)
-    replicas.restart(0)
+    status, flushed = post(replicas.planned[0].url + "/flush_cache", {})
+    assert status == 200 and flushed["flushed_subtrees"] >= 1, flushed
     status, _ = post(replicas.planned[1].url + "/v1/chat/completions", chat_body(moved, 3))
     assert status == 200
     time.sleep(1.0)

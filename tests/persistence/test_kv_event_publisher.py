@@ -133,6 +133,29 @@ def test_a_late_subscriber_gets_the_whole_state(context):
         publisher.close()
 
 
+def test_a_flush_reaches_the_router_as_one_clear_and_leaves_it_empty(context):
+    geo = geometry()
+    endpoint = free_endpoint()
+    publisher = KvEventPublisher(endpoint, geo)
+    cache = checked_cache(geo, journal=publisher)
+    subscriber = Subscriber(context, endpoint)
+    publisher.start()
+    try:
+        subscriber.drain()
+        run_request(cache, tokens(300))
+        run_request(cache, tokens(500, seed=1), lane=1)
+        subscriber.drain()
+        assert subscriber.blocks[Tier.DEVICE]
+        clears = subscriber.clears
+        assert cache.flush_unpinned() == 2
+        publisher.request_resync()
+        subscriber.drain()
+        assert subscriber.clears == clears + 1
+        assert subscriber.blocks == expected_cover(cache) == {Tier.DEVICE: set(), Tier.HOST: set()}
+    finally:
+        publisher.close()
+
+
 def replay(context, endpoint: str, start: int) -> list[tuple[int, bytes]]:
     """Ask for a replay from ``start`` the way vllm-router does; the (seq, payload) answers before the end
     marker."""

@@ -20,10 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cli import main
+from hybridcache.tools.bench_trace import _describe_late
 from hybridcache.tools.serve_launch import ServeFlags, ServeLaunchError, ServeProcess
+from hybridcache.tools.trace_bound import LateResume
 from hybridcache.tools.trace_client import RequestRecord, make_client, probe_server, send_request
 from hybridcache.tools.trace_gen import generate, render
-from hybridcache.tools.trace_plan import PlanLimits, plan_replay, select_requests
+from hybridcache.tools.trace_plan import PlanLimits, PlannedRequest, plan_replay, select_requests
 from hybridcache.tools.trace_report import (
     compare,
     plot_ttft_per_turn,
@@ -212,6 +214,51 @@ def test_a_one_turn_trace_is_plotted_per_request(tmp_path):
 
 # --- clear errors ------------------------------------------------------------------------------------------
 
+def test_a_late_line_names_the_replicas_of_the_request_and_of_its_shared_prompt():
+    late = LateResume(("a", 5), prompt_tokens=900, resumed_at=128, diverges_at=800, shared_with=("a", 4),
+                      evaluated=772, bound=100)
+    plain = "a turn 5: prompt 900, resumed at 128, diverges at 800 from a turn 4; evaluated 772, bound 100"
+    assert _describe_late(late, {}) == plain
+    assert _describe_late(late, {("a", 5): "r1", ("a", 4): "r0"}) == plain + "; on r1, shared on r0"
+    alone = _describe_late(late._replace(shared_with=None), {("a", 5): "r1"})
+    assert alone.endswith("no earlier prompt; evaluated 772, bound 100; on r1")
+
+
+def test_a_request_carries_its_session_and_its_record_the_replica_that_answered():
+    """Through a stand-in transport: the conversation id goes out as x-session-id (what a router's
+    session affinity keys on), and the reply's x-hybridcache-replica comes back in the record."""
+    import httpx2  # the openai client's HTTP library
+    from openai import AsyncOpenAI
+
+    seen: list[httpx2.Request] = []
+    chunks = [{"id": "c", "object": "text_completion", "created": 0, "model": "m",
+               "choices": [{"index": 0, "text": "a", "finish_reason": None, "logprobs": None}]},
+              {"id": "c", "object": "text_completion", "created": 0, "model": "m", "choices": [],
+               "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+                         "prompt_tokens_details": {"cached_tokens": 0}}}]
+    events = [msgspec.json.encode(chunk).decode() for chunk in chunks] + ["[DONE]"]
+    stream = "".join(f"data: {event}\n\n" for event in events)
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(200, text=stream, headers={"content-type": "text/event-stream",
+                                                          "x-hybridcache-replica": "r1"})
+
+    request = PlannedRequest(conversation="trace_0006", turn=2, arrival_s=0.0, think_s=0.0, max_tokens=1,
+                             prompt_token_ids=(1, 2, 3))
+
+    async def send() -> RequestRecord:
+        transport = httpx2.MockTransport(answer)
+        async with AsyncOpenAI(base_url="http://router/v1", api_key="none", max_retries=0,
+                               http_client=httpx2.AsyncClient(transport=transport)) as client:
+            return await send_request(client, "m", request, 0.0, session="trace_0006")
+
+    record = asyncio.run(send())
+    assert record.ok, record.error
+    assert (record.replica, record.prompt_tokens) == ("r1", 3)
+    assert seen[0].headers["x-session-id"] == "trace_0006"
+
+
 def test_a_missing_trace_file_is_exit_2_with_its_name(tmp_path):
     status, _, err = run_cli(str(tmp_path / "nope.jsonl"), "--server", "http://127.0.0.1:9")
     assert status == 2 and "nope.jsonl: no such trace file" in err
@@ -278,6 +325,8 @@ def test_the_client_records_ttft_and_the_cached_tokens_of_a_second_turn(micro_se
         assert answered.completion_tokens == 4
     assert first.cached_tokens == 0 and second.prompt_tokens > first.prompt_tokens
     assert 0 < second.cached_tokens < second.prompt_tokens
+    address = micro_server.url.removeprefix("http://")  # a lone serve names itself by its address
+    assert first.replica == second.replica == address
 
 
 def test_a_block_id_trace_replays_through_completions_with_token_prompts(micro_server, micro_checkpoint):
