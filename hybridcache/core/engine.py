@@ -20,7 +20,9 @@ import msgspec
 
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
+from hybridcache.cache.hedge_admission import resolve_hedge_budget
 from hybridcache.cache.integrity import check_integrity
+from hybridcache.cache.records import SnapshotKind
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import (
@@ -85,6 +87,9 @@ class Engine:
             CacheCostModel.default(),
             journal=fan_out(self.journal, self.kv_events),
             host_write=options.cache.host_write,
+            hedge_budget_bytes=resolve_hedge_budget(
+                options.cache.hedge_budget, self.runtime.geometry, options.max_concurrency
+            ),
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
         self.save_finished = threading.Event()
@@ -251,8 +256,11 @@ class Engine:
             stats.update(self.cache_dir.stats())
         if worker is not None:
             stats.update(worker.counters.as_dict())
-        hedges = () if worker is None else worker.hedge_snapshots
+        hedges = [snap.id for snap in index.snapshots.values() if snap.kind == SnapshotKind.HEDGE]
         stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
+        stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
+        stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
+        stats["stale_hedges_dropped"] = self.cache.stats.stale_hedges_dropped
         return stats
 
     def _journal_stats(self) -> dict[str, object]:

@@ -27,7 +27,7 @@ from hybridcache.cache.facade_results import (
     PublishResult,
     StateSourceKind,
 )
-from hybridcache.cache.ids import BLOCK_TOKENS, SlotId, SnapshotId
+from hybridcache.cache.ids import BLOCK_TOKENS, SlotId
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
@@ -110,7 +110,6 @@ class Worker:
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
-        self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
 
     # -- inbox ------------------------------------------------------------------------------------
@@ -490,7 +489,8 @@ class Worker:
         if frontier in lane.hedge_taps and not room_for_hedge(self.cache.index):
             lane.taps_skipped += 1  # a hedge never takes the slot the lane's tail will need
             return None
-        result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
+        hedge = frontier in lane.hedge_taps
+        result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False), hedge)
         if result.slot is None:
             lane.taps_skipped += 1
             return None
@@ -503,18 +503,8 @@ class Worker:
         extras = ConstantExtras(prompt.extra_key) if prompt.extra_key else None
         result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras)
         published = self.cache.publish_ready_taps(lane.lane_id, committed)
-        self._note_hedges(lane, published)
         self._apply_publication(published)
         return result
-
-    def _note_hedges(self, lane: LaneState, published: PublishResult) -> None:
-        """Remember which snapshots are hedges (their host bytes are reported apart); forgets the deleted
-        ones once the set has grown past twice the cache's snapshots."""
-        hedges = self.hedge_snapshots
-        hedges.update(tap.snapshot for tap in published.published if tap.position in lane.hedge_taps)
-        live = self.cache.index.snapshots
-        if len(hedges) > 2 * len(live) + 64:
-            hedges.intersection_update(live)
 
     def _apply_publication(self, result: PublishResult) -> None:
         for tap in result.published:

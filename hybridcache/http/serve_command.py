@@ -16,7 +16,9 @@ from hybridcache.config import (
     DEFAULT_PREFILL_CHUNK,
     CacheOptions,
     EngineOptions,
+    HedgeBudget,
     OptionError,
+    parse_hedge_budget,
     resolve_options,
 )
 from hybridcache.http.server_options import DEFAULT_MAX_TOKENS, ServerOptions
@@ -183,6 +185,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take no hedge snapshots a few hundred to 2,048 tokens before each prompt end (each costs "
         "one state image of host memory)",
     )
+    cache.add_argument(
+        "--cache-hedge-budget",
+        type=_hedge_budget,
+        default="auto",
+        metavar="BYTES|auto",
+        help="host bytes hedge images may hold together (suffix K, M or G; 0 keeps hedges off the Host "
+        "tier; default auto: 2 images per lane, at most 1/16 of the Host tier)",
+    )
+
+
+def _hedge_budget(text: str) -> HedgeBudget:
+    try:
+        return parse_hedge_budget(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -204,6 +221,7 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             tap_ladder_tokens=args.cache_tap_ladder,
             tap_min_gap_tokens=args.cache_tap_min_gap,
             hedges=not args.no_cache_hedges,
+            hedge_budget=args.cache_hedge_budget,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
             cache_dir=args.cache_dir,

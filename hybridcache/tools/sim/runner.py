@@ -18,9 +18,11 @@ from typing import NamedTuple
 
 import msgspec
 
+from hybridcache.cache.hedge_admission import resolve_hedge_budget
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
 from hybridcache.cache.write_back import HostWrite
+from hybridcache.config import HedgeBudget
 from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
@@ -44,6 +46,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     assume_echo: bool = True
     host_write: HostWrite = HostWrite.BACK
     hedges: bool = True  # HEDGE taps near each prompt end (tap_planner)
+    hedge_budget: HedgeBudget = "auto"  # host bytes of hedge images (cache/hedge_admission.py)
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -98,6 +101,7 @@ class Simulation:
             config.shape.cost,
             EvictionTally(self.counters),
             config.host_write,
+            resolve_hedge_budget(config.hedge_budget, geometry, config.max_concurrency),
         )
         options = derive_tap_options(
             config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
@@ -156,6 +160,9 @@ class Simulation:
                 self._finish(payload)  # type: ignore[arg-type]
             if not self._events or self._events[0][0] > self.now:
                 self._admit()
+        stats = self.driver.cache.stats
+        self.counters.hedge_writes_refused = stats.hedge_writes_refused
+        self.counters.stale_hedges_dropped = stats.stale_hedges_dropped
         return SimResult(
             counters=self.counters,
             bound_tokens=self.bound.tokens,

@@ -1,0 +1,128 @@
+"""Hedge snapshots valued against their memory: host admission, the hedge byte budget, early drop. Pure.
+
+A hedge (``SnapshotKind.HEDGE``, tap_planner's HEDGE source) is a state a few hundred to 2,048 tokens
+before a prompt end, kept in case the next request edits or regenerates the prompt's last message. It
+is a bet that usually loses: the next request of the conversation normally extends the prompt and
+resumes at its endpoint. Each image costs a whole state (147 MiB for the 27B-INT8 shape, 19.7 MB for
+``small``), so three rules keep hedges from crowding out what the tier holds for sure:
+
+- **Admission by value.** A hedge's image is written to the host only into free room or over victims
+  worth less by the host tier's own rule (the lowest GDSF H, ``host_eviction.plan_host_room``): never
+  over something more valuable. An ordinary snapshot's write is never refused (see host_eviction's
+  note); a refused hedge stays device-only until slot pressure takes it. Its H values it against the
+  snapshot just above it (``host_eviction.valuation_base``): what it alone saves a request diverging
+  between the two.
+- **A byte budget.** The host images of all hedges together stay within ``budget`` bytes; a new hedge
+  displaces older hedges worth less than it, or is not written.
+- **Short life.** When a later request resumes at or past a hedge of an earlier request on its path, the
+  hedge did not serve it and the conversation has moved on: it is deleted unless it was ever hit (then
+  it is a branch point that earned its keep). The prompt's own later taps already supersede it.
+
+Measured with ``hybridcache simulate`` (see the README's simulate section and the hedge-budget notes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridcache.cache import events as ev
+from hybridcache.cache.records import BlockNode, Residency, Snapshot, SnapshotKind
+
+if TYPE_CHECKING:
+    from hybridcache.cache.geometry import CacheGeometry
+    from hybridcache.cache.index import PrefixIndex
+
+_HEDGE = SnapshotKind.HEDGE
+_ABSENT = Residency.ABSENT
+_FILLING = Residency.FILLING
+
+AUTO_HEDGE_IMAGES_PER_LANE = 2
+"""``auto`` hedge budget: this many hedge images per lane (--max-concurrency), and never more than
+``AUTO_HEDGE_HOST_SHARE`` of the host tier. Chosen from the simulator sweep in the README."""
+
+AUTO_HEDGE_HOST_SHARE = 1 / 16
+"""Largest share of the host tier the ``auto`` budget gives hedges."""
+
+
+def auto_hedge_budget(image_bytes: int, lanes: int, host_bytes: int) -> int:
+    """The ``auto`` hedge budget in bytes for ``lanes`` concurrent lanes and a host tier of
+    ``host_bytes``: ``AUTO_HEDGE_IMAGES_PER_LANE`` images a lane, capped at ``AUTO_HEDGE_HOST_SHARE`` of
+    the tier. Pure."""
+    per_lanes = AUTO_HEDGE_IMAGES_PER_LANE * max(lanes, 1) * image_bytes
+    return min(per_lanes, int(host_bytes * AUTO_HEDGE_HOST_SHARE))
+
+
+def resolve_hedge_budget(budget: int | str, geometry: CacheGeometry, lanes: int) -> int:
+    """``--cache-hedge-budget`` in bytes: ``auto`` by ``auto_hedge_budget`` for this geometry (a hedge
+    image's host bytes, the host tier's), else the number given. Pure."""
+    if budget != "auto":
+        return int(budget)
+    image = geometry.image_slabs * geometry.slab_bytes
+    return auto_hedge_budget(image, lanes, geometry.host_cache_bytes)
+
+
+def hedge_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:
+    """Host bytes ``snap``'s image and tail take once written. Pure."""
+    geometry = index.geometry
+    return geometry.image_slabs * geometry.slab_bytes + (geometry.slab_bytes if snap.tail_tokens else 0)
+
+
+def hedge_host_bytes(index: PrefixIndex) -> int:
+    """Host bytes held (or being written) by hedge images and tails. Pure."""
+    total = 0
+    for snap in index.snapshots.values():
+        if snap.kind == _HEDGE and snap.host_state != _ABSENT:
+            total += hedge_image_bytes(index, snap)
+    return total
+
+
+def _evictable(snap: Snapshot) -> bool:
+    return snap.kind == _HEDGE and snap.restore_pins == 0 and snap.host_state == Residency.RESIDENT
+
+
+def plan_hedge_budget(
+    index: PrefixIndex, nbytes: int, pending_bytes: int, budget: int, value: float
+) -> list[ev.CacheEvent] | None:
+    """One step toward room for ``nbytes`` more hedge bytes within ``budget`` (``pending_bytes``: hedge
+    bytes already chosen for the same write batch): [] when they fit; the host copy of the hedge with
+    the lowest H when it is worth less than ``value``; None when the new hedge must not be written. Pure.
+    """
+    if nbytes > budget:
+        return None
+    used = hedge_host_bytes(index) + pending_bytes
+    if used + nbytes <= budget:
+        return []
+    candidates = [s for s in index.snapshots.values() if _evictable(s)]
+    if not candidates:
+        return None
+    victim = min(candidates, key=lambda s: (s.gdsf_h, s.id))
+    if victim.gdsf_h >= value:
+        return None
+    if victim.device_complete:
+        return [ev.SnapshotHostDropped(0, victim.id)]
+    return [ev.SnapshotDeleted(0, victim.id)]
+
+
+def plan_stale_hedges(resumed: Snapshot | None) -> list[ev.CacheEvent]:
+    """Delete the never-hit hedges on the path strictly above ``resumed``, the snapshot a request is
+    about to resume from: it resumed past them, so they did not serve it (see the module note). Pure;
+    walks the path from ``resumed``'s anchor to the root."""
+    if resumed is None:
+        return []
+    frontier = resumed.frontier
+    out: list[ev.CacheEvent] = []
+    node: BlockNode | None = resumed.anchor
+    while node is not None:
+        for snap in node.snapshots:
+            if (
+                snap.kind == _HEDGE
+                and snap.hits == 0
+                and not snap.tail_tokens
+                and snap.frontier < frontier
+                and snap.restore_pins == 0
+                and _FILLING
+                not in (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
+            ):
+                out.append(ev.SnapshotDeleted(0, snap.id))
+        node = node.parent
+    return out
