@@ -26,9 +26,8 @@ def hedge_cache(
     snapshot_slots: int = 6,
     host_write: HostWrite = HostWrite.THROUGH,
 ):
-    cache = checked_cache(
-        geometry(host_slabs=host_slabs, snapshot_slots=snapshot_slots), cost=linear_cost(), host_write=host_write
-    )
+    geo = geometry(host_slabs=host_slabs, snapshot_slots=snapshot_slots)
+    cache = checked_cache(geo, cost=linear_cost(), host_write=host_write)
     cache.hedge_budget_bytes = budget
     return cache
 
@@ -158,7 +157,8 @@ def test_plan_stale_hedges_keeps_hedges_at_or_below_the_resume_point():
 
 def test_the_journal_replays_hedges():
     journal: list = []
-    cache = checked_cache(geometry(host_slabs=200, snapshot_slots=6), journal, linear_cost(), HostWrite.THROUGH)
+    geo = geometry(host_slabs=200, snapshot_slots=6)
+    cache = checked_cache(geo, journal, linear_cost(), HostWrite.THROUGH)
     run_request(cache, tokens(512, seed=1), hedges=[256])
     fresh = PrefixIndex(cache.index.geometry)
     for event in journal:
@@ -172,7 +172,8 @@ def test_auto_budget_is_images_per_lane_capped_by_a_share_of_the_host_tier():
     assert auto_hedge_budget(image, 4, 8 << 30) == AUTO_HEDGE_IMAGES_PER_LANE * 4 * image
     assert auto_hedge_budget(image, 8, 1 << 30) == int((1 << 30) * AUTO_HEDGE_HOST_SHARE)
     geo = geometry(host_slabs=1 << 20, concurrency=4)
-    assert resolve_hedge_budget("auto", geo, 4) == AUTO_HEDGE_IMAGES_PER_LANE * 4 * geo.image_slabs * geo.slab_bytes
+    image = geo.image_slabs * geo.slab_bytes
+    assert resolve_hedge_budget("auto", geo, 4) == AUTO_HEDGE_IMAGES_PER_LANE * 4 * image
     assert resolve_hedge_budget(12345, geo, 4) == 12345
 
 
