@@ -15,6 +15,7 @@ device (``reused_tokens_host_kv`` 0), which is what the ``lru`` baseline does mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 
 import msgspec
@@ -52,6 +53,10 @@ class SimCounters(msgspec.Struct, kw_only=True):
     evicted_host_snapshot_images: int = 0
     deleted_snapshots: int = 0
     model_prefill_seconds: float = 0.0
+    excess_capacity_tokens: int = 0  # computed past the bound: a snapshot once stood nearer (sim/excess.py)
+    excess_placement_tokens: int = 0  # computed past the bound: no snapshot was ever taken nearer
+    excess_capacity_requests: int = 0
+    excess_placement_requests: int = 0
 
 
 def count_eviction(counters: SimCounters, event: ev.CacheEvent) -> None:
@@ -78,11 +83,14 @@ _EVICTION_FIELDS = MappingProxyType(
 class EvictionTally:
     """A journal stand-in for ``Cache(journal=...)``: counts evictions instead of keeping events."""
 
-    __slots__ = ("counters",)
+    __slots__ = ("counters", "on_published")
 
     def __init__(self, counters: SimCounters) -> None:
         self.counters = counters
+        self.on_published: Callable[[ev.SnapshotPublished], None] | None = None  # sim/excess.py's record
 
     def append(self, event: ev.CacheEvent) -> None:
-        """Count ``event`` (mutates the counters)."""
+        """Count ``event`` (mutates the counters); hand a publication to ``on_published``."""
         count_eviction(self.counters, event)
+        if self.on_published is not None and isinstance(event, ev.SnapshotPublished):
+            self.on_published(event)
