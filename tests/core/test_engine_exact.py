@@ -158,3 +158,30 @@ def test_the_serve_flag_turns_hedges_off():
     add_arguments(parser)
     assert engine_options_from_args(parser.parse_args([])).cache.hedges
     assert not engine_options_from_args(parser.parse_args(["--no-cache-hedges"])).cache.hedges
+
+
+def test_the_serve_flag_sets_the_hedge_budget_and_the_ledger_shows_it():
+    import argparse
+
+    import msgspec
+
+    from hybridcache.config import OptionError, resolve_options
+    from hybridcache.http.lifecycle import startup_ledger
+    from hybridcache.http.serve_command import add_arguments, engine_options_from_args
+    from hybridcache.http.server_options import ServerOptions
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = engine_options_from_args(parser.parse_args([]))
+    assert default.cache.hedge_budget == "auto"
+    given = engine_options_from_args(parser.parse_args(["--cache-hedge-budget", "512M"]))
+    assert given.cache.hedge_budget == 512 << 20
+    rows = dict(startup_ledger(resolve_options(given), ServerOptions()))
+    assert rows["hedges"] == "on, host budget 512.0 MiB"
+    auto = dict(startup_ledger(resolve_options(default), ServerOptions()))["hedges"]
+    assert auto.startswith("on, host budget auto")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cache-hedge-budget", "lots"])
+    bad = msgspec.structs.replace(given, cache=msgspec.structs.replace(given.cache, hedge_budget=-1))
+    with pytest.raises(OptionError, match="--cache-hedge-budget"):
+        resolve_options(bad)
