@@ -50,6 +50,9 @@ COUNTERS = (
     Figure("snapshot_taps_skipped", "Planned taps skipped."),
     Figure("snapshot_taps_skipped_no_slot", "Taps skipped for want of a free device snapshot slot."),
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
+    Figure("hedge_host_writes_refused", "Hedge snapshots kept off the Host tier: no room worth less than "
+           "them, or the hedge budget (--cache-hedge-budget) full of hedges worth more."),
+    Figure("stale_hedges_dropped", "Hedge snapshots dropped unused once a later request resumed past them."),
     Figure("journal_write_errors",
            "Failed writes of the event journal (--event-log); journaling stops at the first."),
     Figure("kv_events_batches_published", "KV-event batches published to routers (--kv-events)."),
@@ -74,6 +77,8 @@ GAUGES = (
     Figure("host_tier_hedge_snapshot_bytes",
            "Host bytes of hedge snapshots, taken a few hundred tokens before prompt ends "
            "(part of host_tier_bytes)."),
+    Figure("host_tier_hedge_budget_bytes",
+           "Host bytes hedge images may hold together (--cache-hedge-budget)."),
     Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
     Figure("kv_events_device_blocks", "Blocks routers are told this replica resumes from the device."),
     Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),
