@@ -21,7 +21,12 @@ from hybridcache.cache.facade_results import (
     TapResult,
 )
 from hybridcache.cache.hedge_admission import hedge_image_bytes, plan_hedge_budget
-from hybridcache.cache.host_eviction import estimate_new_priority, plan_host_room, plan_supersession
+from hybridcache.cache.host_eviction import (
+    density_term,
+    estimate_new_priority,
+    plan_host_room,
+    plan_supersession,
+)
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
 from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
 from hybridcache.cache.slots import plan_snapshot_slot
@@ -311,10 +316,10 @@ class PublicationCalls(_Base):
         return self._free_host_slabs_below(slabs, snap)
 
     def _free_host_slabs_below(self, count: int, snap: Snapshot) -> bool:
-        """``_free_host_slabs`` over victims worth less than ``snap`` only (the policy hook the simulator's
-        baselines override). Mutates; False when the room cannot be made so."""
+        """``_free_host_slabs`` over victims worth less per byte than ``snap`` only (the policy hook the
+        simulator's baselines override). Mutates; False when the room cannot be made so."""
         while True:
-            events = plan_host_room(self.index, count, worth_less_than=snap.gdsf_h)
+            events = plan_host_room(self.index, count, denser_than=density_term(snap))
             if events is None:
                 return False
             if not events:

@@ -6,12 +6,16 @@ is a bet that usually loses: the next request of the conversation normally exten
 resumes at its endpoint. Each image costs a whole state (147 MiB for the 27B-INT8 shape, 19.7 MB for
 ``small``), so three rules keep hedges from crowding out what the tier holds for sure:
 
-- **Admission by value.** A hedge's image is written to the host only into free room or over victims
-  worth less by the host tier's own rule (the lowest GDSF H, ``host_eviction.plan_host_room``): never
-  over something more valuable. An ordinary snapshot's write is never refused (see host_eviction's
-  note); a refused hedge stays device-only until slot pressure takes it. Its H values it against the
-  snapshot just above it (``host_eviction.valuation_base``): what it alone saves a request diverging
-  between the two.
+- **Admission by value.** A hedge's image is written to the host only into free room or over the
+  victim host eviction would take anyway (the lowest GDSF H, ``host_eviction.plan_host_room``) when
+  that victim is worth less per byte than the hedge: never over something more valuable. "Per byte" is
+  H's density term without L (``host_eviction.density_term``): GDSF's L inflation ranks recency, and
+  by recency alone a fresh hedge outranks every idle conversation's endpoint however much prefill that
+  endpoint saves (on the first 12 WEKA files at 8 users, admitting by H cost one conversation its
+  91,776-token endpoint: 1.047 -> 1.066 of the bound). An ordinary snapshot's write is never refused
+  (see host_eviction's note); a refused hedge stays device-only until slot pressure takes it. A hedge is
+  valued against the snapshot just above it (``host_eviction.valuation_base``): what it alone saves a
+  request diverging between the two.
 - **A byte budget.** The host images of all hedges together stay within ``budget`` bytes; a new hedge
   displaces older hedges worth less than it, or is not written.
 - **Short life.** When a later request resumes at or past a hedge of an earlier request on its path, the

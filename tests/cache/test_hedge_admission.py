@@ -13,7 +13,7 @@ from hybridcache.cache.hedge_admission import (
     plan_stale_hedges,
     resolve_hedge_budget,
 )
-from hybridcache.cache.host_eviction import plan_host_room
+from hybridcache.cache.host_eviction import density_term, plan_host_room
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.records import Residency, SnapshotKind
 from hybridcache.cache.write_back import HostWrite
@@ -102,20 +102,21 @@ def test_a_full_host_takes_a_hedge_only_over_a_victim_worth_less():
     assert endpoint.host_state == Residency.RESIDENT
     run_request(cache, tokens(100, seed=2), lane=1, hedges=[64])
     hedge = next(s for s in hedges_of(cache) if s.frontier == 64)
-    assert hedge.gdsf_h < endpoint.gdsf_h
+    assert density_term(hedge) < density_term(endpoint)
     assert cache.index.snapshots[a.endpoint].host_state == Residency.RESIDENT
     assert hedge.host_state == Residency.ABSENT
     assert cache.stats.hedge_writes_refused == 1
 
 
-def test_plan_host_room_with_a_value_cap_refuses_to_evict_a_snapshot_worth_more():
+def test_plan_host_room_with_a_density_cap_refuses_to_evict_a_snapshot_worth_more_per_byte():
     cache = hedge_cache(host_slabs=4, host_write=HostWrite.BACK)
     _, _, a = run_request(cache, tokens(1024, seed=1), lane=0)
     index: PrefixIndex = cache.index
-    value = index.snapshots[a.endpoint].gdsf_h
+    density = density_term(index.snapshots[a.endpoint])
+    assert density > 0
     want = index.host.num_free + 1
-    assert plan_host_room(index, want, worth_less_than=value) is None
-    assert plan_host_room(index, want, worth_less_than=value + 1) is not None
+    assert plan_host_room(index, want, denser_than=density) is None
+    assert plan_host_room(index, want, denser_than=density * 1.01) is not None
     assert plan_host_room(index, want) is not None
 
 
