@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
+from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.records import BlockNode, Residency, Snapshot, SnapshotKind
 
 if TYPE_CHECKING:
@@ -42,16 +43,29 @@ _FILLING = Residency.FILLING
 
 AUTO_HEDGE_IMAGES_PER_LANE = 2
 """``auto`` hedge budget: this many hedge images per lane (--max-concurrency), and never more than
-``AUTO_HEDGE_HOST_SHARE`` of the host tier. Chosen from the simulator sweep in the README."""
+``AUTO_HEDGE_HOST_SHARE`` of the host tier."""
 
 AUTO_HEDGE_HOST_SHARE = 1 / 16
 """Largest share of the host tier the ``auto`` budget gives hedges."""
 
+NEAREST_HEDGE_TOKENS = 256
+"""The nearest hedge distance (tap_planner's): the fewest tokens a hedge saves over the prompt's tail."""
 
-def auto_hedge_budget(image_bytes: int, lanes: int, host_bytes: int) -> int:
-    """The ``auto`` hedge budget in bytes for ``lanes`` concurrent lanes and a host tier of
-    ``host_bytes``: ``AUTO_HEDGE_IMAGES_PER_LANE`` images a lane, capped at ``AUTO_HEDGE_HOST_SHARE`` of
-    the tier. Pure."""
+
+def auto_hedge_budget(image_bytes: int, lanes: int, host_bytes: int, page_bytes: int) -> int:
+    """The ``auto`` hedge budget in bytes: 0 when a hedge image takes more host bytes than the KV of the
+    ``NEAREST_HEDGE_TOKENS`` it saves (then a hedge saves fewer tokens per host byte than the KV blocks
+    it would displace: the 27B-INT8 shape's image is 71 pages, ``small``'s 25, ``tiny``'s 1.8), else
+    ``AUTO_HEDGE_IMAGES_PER_LANE`` images a lane capped at ``AUTO_HEDGE_HOST_SHARE`` of the tier. With
+    0 hedges stay device-only: they still serve a request that comes while their slot lasts.
+
+    Measured with ``simulate`` (27B-INT8, 64 GiB, 8 users): the whole WEKA set computes 1.104x the bound
+    without hedges and 1.160x with every hedge image on the host; the first 12 files 1.044x without,
+    1.047x with a zero budget, 1.066-1.067x with 1 GiB, 2.4 GiB (two images a lane) or no limit, by H
+    or by density. Live on ``tiny`` hedges took the four-conversation replay from 1.044x to 1.015x. Pure.
+    """
+    if image_bytes > page_bytes * (NEAREST_HEDGE_TOKENS // BLOCK_TOKENS):
+        return 0
     per_lanes = AUTO_HEDGE_IMAGES_PER_LANE * max(lanes, 1) * image_bytes
     return min(per_lanes, int(host_bytes * AUTO_HEDGE_HOST_SHARE))
 
@@ -62,7 +76,7 @@ def resolve_hedge_budget(budget: int | str, geometry: CacheGeometry, lanes: int)
     if budget != "auto":
         return int(budget)
     image = geometry.image_slabs * geometry.slab_bytes
-    return auto_hedge_budget(image, lanes, geometry.host_cache_bytes)
+    return auto_hedge_budget(image, lanes, geometry.host_cache_bytes, geometry.page_bytes)
 
 
 def hedge_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:
