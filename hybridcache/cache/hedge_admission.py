@@ -11,8 +11,9 @@ resumes at its endpoint. Each image costs a whole state (147 MiB for the 27B-INT
   that victim is worth less per byte than the hedge: never over something more valuable. "Per byte" is
   H's density term without L (``host_eviction.density_term``): GDSF's L inflation ranks recency, and
   by recency alone a fresh hedge outranks every idle conversation's endpoint however much prefill that
-  endpoint saves (on the first 12 WEKA files at 8 users, admitting by H cost one conversation its
-  91,776-token endpoint: 1.047 -> 1.066 of the bound). An ordinary snapshot's write is never refused
+  endpoint saves. (Measured on the first 12 WEKA files at 8 users, the two rules came out alike, 1.0663
+  by H and 1.0670 by density, both above the 1.0469 of keeping hedge images off the host; what costs
+  there is not this choice, see ``auto_hedge_budget``.) An ordinary snapshot's write is never refused
   (see host_eviction's note); a refused hedge stays device-only until slot pressure takes it. A hedge is
   valued against the snapshot just above it (``host_eviction.valuation_base``): what it alone saves a
   request diverging between the two.
