@@ -66,6 +66,12 @@ BENCHMARKS = (
     Command("trace-gen", "generate a deterministic JSONL trace for live runs", "hybridcache.tools.trace_gen"),
     Command("peer", "beside llama.cpp's llama-server: prefill, decode, RSS, bandwidth limit",
             "hybridcache.tools.bench_peer"),
+    Command("soak", "C clients of mixed traffic for M minutes against serve; leaks, RSS, stalls",
+            "hybridcache.tools.bench_soak"),
+    Command("crash-trials", "kill -9 a serve --cache-dir at random moments; check what a restart gives back",
+            "hybridcache.tools.crash_trials"),
+    Command("cache-dir", "what --cache-dir costs per request, and its fsync batches",
+            "hybridcache.tools.bench_cache_dir"),
     Command("gpu", "GPU tests and benchmarks on a CUDA device", None),
 )
 

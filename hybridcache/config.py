@@ -53,6 +53,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int | None = None  # --cache-tap-ladder
     tap_min_gap_tokens: int | None = None  # --cache-tap-min-gap
     hedges: bool = True  # --no-cache-hedges sets False (tap_planner HEDGE taps)
+    device_snapshot_copies: bool | None = None  # keep host-backed snapshots' device copies; None: not on CPUs
     hedge_budget: HedgeBudget = "auto"  # --cache-hedge-budget (host bytes of hedge images)
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
@@ -86,6 +87,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
     hedges: bool = True
+    device_snapshot_copies: bool | None = None  # None: resolved by the runtime from its device
     hedge_budget: HedgeBudget = "auto"  # auto: resolved by the engine from the image size (hedge_admission)
     prefix_cache_file: str | None
     event_log: str | None
@@ -185,6 +187,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
         hedges=cache.hedges,
+        device_snapshot_copies=cache.device_snapshot_copies,
         hedge_budget=cache.hedge_budget,
         prefix_cache_file=cache_file,
         event_log=event_log,

@@ -38,7 +38,7 @@ from hybridcache.cache.host_eviction import (
     plan_host_room,
     plan_revalue,
 )
-from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SnapshotId
+from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId, SnapshotId
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.match import PromptInput, Quote, Readiness, match, quote, source_options
 from hybridcache.cache.records import BlockNode, Lane, LaneId, LruList, Residency, Snapshot
@@ -85,7 +85,12 @@ class Cache(PublicationCalls):
     ``host_write`` picks when device-only blocks are written to the host (``cache/write_back.py``):
     BACK when eviction would lose them, THROUGH when a lane releases them (spec §7.6). In BACK mode
     ``host_copy`` is called with each write-back before its blocks' device pages are freed: it must copy
-    them at once (None: the copies are bookkeeping only, as in the simulator and the unit tests)."""
+    them at once (None: the copies are bookkeeping only, as in the simulator and the unit tests).
+
+    ``keep_backed_device_images`` False drops a snapshot's device copy as soon as its host image has
+    landed. That is for a CPU device, whose "device" slots and host slabs are the same memory: a resume
+    copies a host image into the lane's slot as fast as it copies a device one, so a second copy would
+    only hold memory (spec §14.2's D = C + 1 resident snapshots assume device copies are faster)."""
 
     def __init__(
         self,
@@ -94,6 +99,7 @@ class Cache(PublicationCalls):
         journal: list | None = None,
         host_write: HostWrite = HostWrite.BACK,
         host_copy: Callable[[HostWritePlan], None] | None = None,
+        keep_backed_device_images: bool = True,
         hedge_budget_bytes: int | None = None,
     ) -> None:
         self.index = PrefixIndex(geometry)
@@ -103,6 +109,7 @@ class Cache(PublicationCalls):
         self.stats = CacheStats()
         self.host_write = HostWrite(host_write)
         self.host_copy = host_copy
+        self.keep_backed_device_images = keep_backed_device_images
 
     # ------------------------------------------------------------------ event plumbing
     def _apply(self, event: ev.CacheEvent) -> None:
@@ -303,7 +310,9 @@ class Cache(PublicationCalls):
                 self._write_back(len(wanted) + keep_free)
             self._drop_backed_copies(shortfall, protected={id(n) for n in found.path})
         room = max(0, index.num_free_pages - keep_free)
-        nodes = wanted[:room]
+        # Writing back needed host room: host eviction may have deleted some wanted blocks meanwhile.
+        still = [n for n in wanted if index.nodes.get(n.id) is n and n.device_state == Residency.ABSENT]
+        nodes = still[:room]
         if not nodes:
             return None
         pages = index.pages.peek_free(len(nodes))
@@ -335,9 +344,25 @@ class Cache(PublicationCalls):
         """Every copy of restore ``batch`` landed: its nodes and tail become device resident. Mutates."""
         self._apply(ev.RestoreLanded(0, batch))
 
-    def host_write_done(self, batch: int) -> None:
-        """Every copy of write batch ``batch`` landed: host copies become resident. Mutates."""
+    def host_write_done(self, batch: int) -> list[SlotId]:
+        """Every copy of write batch ``batch`` landed: host copies become resident. Without
+        ``keep_backed_device_images``, the device copies of the batch's snapshot images are then dropped
+        where nothing holds them; returns the slots that freed. Mutates."""
+        images = self.index.host_writes[batch].images if batch in self.index.host_writes else ()
         self._apply(ev.HostWriteLanded(0, batch))
+        freed: list[SlotId] = []
+        if self.keep_backed_device_images:
+            return freed
+        for snap in images:
+            if (
+                self.index.snapshots.get(snap.id) is snap
+                and snap.device_state == Residency.RESIDENT
+                and snap.host_state == Residency.RESIDENT
+                and snap.restore_pins == 0
+            ):
+                freed.append(snap.device_slot)
+                self._apply(ev.SnapshotDeviceDropped(0, snap.id))
+        return freed
 
     def block_table(self, lane: int) -> tuple[PageId, ...]:
         """Pages the lane maps, block 0 first: its staged path, then its own pages. Pure."""

@@ -2,36 +2,39 @@
 
 A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Candidates, by priority:
 
-    1 EXPLICIT     client-named breakpoints                         exact, 64-aligned, Boundary
-    2 OPENER       start of the final assistant generation opener   exact, 64-aligned
-    3 STRUCTURAL   end of tools / leading system block              exact, 64-aligned, Boundary
+    1 EXPLICIT     client-named breakpoints                         at the token, INNER, Boundary
+    2 OPENER       start of the final assistant generation opener   at the token, INNER
+    3 STRUCTURAL   end of tools / leading system block              at the token, INNER, Boundary
       AUTOMATIC    protocol-automatic markers, planned as STRUCTURAL but published as ordinary taps
-    4 PROMPT_TAIL  n − 1 snapped down to a block boundary (a snapshot inside a block would make the
-                   resumed pass compute that block's delta-rule sub-chunk in two pieces where a cold run
-                   computes one, so the resumed logits would differ in the last bits; resuming at the
-                   boundary recomputes at most 64 tokens and is bit-exact); INNER, as HEDGE below: a cold
-                   prompt's last pass no longer splits at its tail (the split cost a pass of up to 64
-                   tokens padded to a whole 128-row tile per product)
+    4 PROMPT_TAIL  n − 1, INNER
+    These lie exactly where later requests diverge, inside a block or not. A snapshot inside a block
+    keeps the state at the block boundary below it plus the Gated DeltaNet layer inputs since (a pending
+    tail, `StateSlots`), so a resume computes the block's delta-rule sub-chunk whole, as a cold run does,
+    and is bit-exact; it is taken inside the prefill pass without splitting it (as HEDGE below), so a cold
+    prompt's passes are the same with and without the cache.
     5 HEDGE        n − 256, n − 512, n − 1024, n − 2048 snapped down to a block boundary: states a little
                    before the prompt end, so that an edit or a regeneration of the last message of a prompt
                    without known structure (token ids, unknown templates) resumes close to where it
                    diverges (llama.cpp keeps one such checkpoint ~512 tokens before every prompt end).
                    INNER: taken inside a prefill pass without splitting it (the chunked delta rule has the
-                   state at every 64-token sub-chunk boundary of a pass that starts 64-aligned with it;
-                   ``GatedDeltaNet.capturing_states``); a pass that does not start so is split (as EXACT).
+                   state at every 64-token sub-chunk boundary of a pass; ``GatedDeltaNet.capturing_states``).
                    Hedges are short-lived by valuation: each lies in the middle of its lineage, so GDSF
                    values it by the few hundred tokens it saves over the snapshot above it (a low density:
                    they are the first snapshots to go under host pressure), the deepest one is superseded
                    by the prompt tail and the endpoint taken after it, and the next request of the
-                   conversation hedges near its own end.
+                   conversation hedges near its own end. Only a prompt that resumes from the cache
+                   (base > 0) is hedged: one that shares nothing with what the cache holds belongs to no
+                   conversation it knows yet (a one-off or batch prompt), and its hedges (up to four state
+                   images, 20 MB each on `small`, resident memory on a CPU) would pay only for an edit of
+                   its last message. Its tail is still taken, and its next turn, resumed, hedges.
     6 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
 
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
-span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) whose
-hint positions lie within 64 tokens of a cluster's earliest member form one cluster, kept once at the
-earliest in-bounds position with the best member's priority and Boundary-ness from any member; a
-non-explicit candidate is dropped when an accepted tap, an existing frontier or the base lies at most 64
-tokens before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
+span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) at
+one position form one candidate with the best member's priority and Boundary-ness from any member; a
+semantic candidate is dropped when an accepted tap, an existing frontier or the base lies at most
+SEMANTIC_PROXIMITY_TOKENS before it, a hedge, ladder or tail candidate when one lies at most 64 tokens
+before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
 candidates also keep ``min_gap_tokens`` on both sides of accepted taps, existing frontiers and the base;
 at most ``max_new_taps`` are kept, taken in priority order (semantic ones by position, the ladder by k).
 A request resumed from an endpoint snapshot skips the opener. Everything here is pure and deterministic.
@@ -48,7 +51,14 @@ import msgspec
 from hybridcache.cache.ids import BLOCK_TOKENS
 
 PROXIMITY_TOKENS = BLOCK_TOKENS
-"""A non-explicit candidate this close after an accepted tap, existing frontier or the base is redundant."""
+"""A hedge, ladder or prompt-tail candidate this close after an accepted tap, existing frontier or the base
+is redundant."""
+
+SEMANTIC_PROXIMITY_TOKENS = 4
+"""An opener, structural or automatic candidate this close after an accepted tap, existing frontier or the
+base is redundant. Small: these taps lie at the very token later requests diverge at (the generation
+opener of a chat turn lies 3 to 5 tokens before the prompt end, the end of a system block a few dozen
+tokens before it in a short first turn), so each saves what lies between it and the tap before it."""
 
 
 class HintKind(IntEnum):
@@ -76,8 +86,7 @@ class TapSource(IntEnum):
 
 class Placement(IntEnum):
     """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries; INNER
-    ones are copied from inside a pass that starts a multiple of 64 tokens before them (else they split
-    it)."""
+    ones are captured inside the pass that covers them, without a split."""
 
     EXACT = 1
     FLEXIBLE = 2
@@ -182,7 +191,7 @@ _PLANNING_RANK = MappingProxyType(
         TapSource.AUTOMATIC: 3,
     }
 )
-_CLUSTERED_KINDS = (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC)
+_SEMANTIC_KINDS = (HintKind.OPENER, HintKind.STRUCTURAL, HintKind.AUTOMATIC)
 _BOUNDARY_KINDS = (HintKind.EXPLICIT, HintKind.STRUCTURAL)
 
 
@@ -212,11 +221,11 @@ def plan_taps(
     for candidate in _explicit_candidates(n, base, hints, spans):
         planner.offer_explicit(candidate)
     for candidate in _semantic_candidates(n, base, hints, spans, resumed_from_endpoint):
-        planner.offer_near(candidate)
+        planner.offer_near(candidate, SEMANTIC_PROXIMITY_TOKENS)
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_tail(tail)
-    for candidate in _hedge_candidates(n, base, spans) if options.hedges else ():
+    for candidate in _hedge_candidates(n, base, spans) if options.hedges and base > 0 else ():
         planner.offer_near(candidate)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
         planner.offer_ladder(candidate)
@@ -248,6 +257,14 @@ def _span_start_around(position: int, spans: Sequence[tuple[int, int]]) -> int |
     return None
 
 
+def _place_exact(position: int, spans: Sequence[tuple[int, int]]) -> int:
+    """``position`` moved to the start of a span it splits (repeatedly, for nested spans)."""
+    placed = position
+    while (start := _span_start_around(placed, spans)) is not None:
+        placed = start
+    return placed
+
+
 def _place_aligned(position: int, spans: Sequence[tuple[int, int]]) -> int:
     """``position`` moved out of any span it splits and snapped down to a block boundary."""
     placed = _floor_block(position)
@@ -259,7 +276,7 @@ def _place_aligned(position: int, spans: Sequence[tuple[int, int]]) -> int:
 def _explicit_candidates(
     n: int, base: int, hints: Sequence[TapHint], spans: Sequence[tuple[int, int]]
 ) -> list[_Candidate]:
-    positions = {_place_aligned(h.position, spans) for h in hints if h.kind == HintKind.EXPLICIT}
+    positions = {_place_exact(h.position, spans) for h in hints if h.kind == HintKind.EXPLICIT}
     return [_Candidate(p, TapSource.EXPLICIT, True) for p in sorted(positions) if base < p <= n - 1]
 
 
@@ -270,46 +287,29 @@ def _semantic_candidates(
     spans: Sequence[tuple[int, int]],
     resumed_from_endpoint: bool,
 ) -> list[_Candidate]:
-    """Opener / structural / automatic hints, clustered, ordered by (planning rank, position)."""
-    members = sorted(
-        (h.position, int(h.kind))
-        for h in hints
-        if h.kind in _CLUSTERED_KINDS and not (resumed_from_endpoint and h.kind == HintKind.OPENER)
-    )
-    candidates: list[_Candidate] = []
-    cluster: list[tuple[int, int]] = []
-    for member in members:
-        if cluster and member[0] - cluster[0][0] > PROXIMITY_TOKENS:
-            candidates.extend(_cluster_candidate(cluster, n, base, spans))
-            cluster = []
-        cluster.append(member)
-    if cluster:
-        candidates.extend(_cluster_candidate(cluster, n, base, spans))
+    """Opener / structural / automatic hints, one candidate per placed position, ordered by (planning
+    rank, position)."""
+    kinds_at: dict[int, list[HintKind]] = {}
+    for hint in hints:
+        if hint.kind in _SEMANTIC_KINDS and not (resumed_from_endpoint and hint.kind == HintKind.OPENER):
+            kinds_at.setdefault(_place_exact(hint.position, spans), []).append(hint.kind)
+    candidates = [
+        _Candidate(
+            position,
+            min((_SOURCE_OF_HINT[kind] for kind in kinds), key=lambda s: (_PLANNING_RANK[s], s)),
+            any(kind in _BOUNDARY_KINDS for kind in kinds),
+        )
+        for position, kinds in kinds_at.items()
+        if base < position <= n - 1
+    ]
     return sorted(candidates, key=lambda c: (_PLANNING_RANK[c.source], c.position))
 
 
-def _cluster_candidate(
-    cluster: Sequence[tuple[int, int]], n: int, base: int, spans: Sequence[tuple[int, int]]
-) -> list[_Candidate]:
-    """One candidate for a cluster: earliest in-bounds position, best member's source, any Boundary."""
-    in_bounds = [p for p in (_place_aligned(pos, spans) for pos, _ in cluster) if base < p <= n - 1]
-    if not in_bounds:
-        return []
-    kinds = [HintKind(kind) for _, kind in cluster]
-    source = min((_SOURCE_OF_HINT[kind] for kind in kinds), key=lambda s: (_PLANNING_RANK[s], s))
-    boundary = any(kind in _BOUNDARY_KINDS for kind in kinds)
-    return [_Candidate(min(in_bounds), source, boundary)]
-
-
 def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Candidate | None:
-    """The prompt tail: n − 1 placed on a block boundary (out of any media span), or None when n − 1 splits
-    a media span or the boundary lies at or before the base."""
-    if _span_start_around(n - 1, spans) is not None:
+    """The prompt tail n − 1, or None when it splits a media span or lies at or before the base."""
+    if _span_start_around(n - 1, spans) is not None or n - 1 <= base:
         return None
-    placed = _place_aligned(n - 1, spans)
-    if placed <= base:
-        return None
-    return _Candidate(placed, TapSource.PROMPT_TAIL, False)
+    return _Candidate(n - 1, TapSource.PROMPT_TAIL, False)
 
 
 def _hedge_candidates(n: int, base: int, spans: Sequence[tuple[int, int]]) -> list[_Candidate]:
@@ -352,15 +352,14 @@ class _Acceptance:
             return
         self._accept(candidate)
 
-    def offer_near(self, candidate: _Candidate) -> None:
-        if not self._has_room() or self._something_just_before(candidate.position):
+    def offer_near(self, candidate: _Candidate, proximity: int = PROXIMITY_TOKENS) -> None:
+        if not self._has_room() or self._something_just_before(candidate.position, proximity=proximity):
             return
         self._accept(candidate)
 
     def offer_tail(self, candidate: _Candidate) -> None:
-        """The block-aligned prompt tail: dropped beside an accepted tap or an existing frontier, but not for
-        lying one block past the base (it always lies at least that far), which is the only reuse a short
-        first prompt gets."""
+        """The prompt tail: dropped beside an accepted tap or an existing frontier, but not for lying close
+        past the base, which is the only reuse a short first prompt gets."""
         if self._has_room() and not self._something_just_before(candidate.position, counting_base=False):
             self._accept(candidate)
 
@@ -390,10 +389,12 @@ class _Acceptance:
         index = bisect_left(self._existing, position)
         return index < len(self._existing) and self._existing[index] == position
 
-    def _something_just_before(self, position: int, counting_base: bool = True) -> bool:
-        """An accepted tap, existing frontier or (when `counting_base`) the base at most PROXIMITY_TOKENS
+    def _something_just_before(
+        self, position: int, counting_base: bool = True, proximity: int = PROXIMITY_TOKENS
+    ) -> bool:
+        """An accepted tap, existing frontier or (when `counting_base`) the base at most `proximity` tokens
         before ``position``."""
-        earliest = position - PROXIMITY_TOKENS
+        earliest = position - proximity
         if counting_base and earliest <= self._base <= position:
             return True
         if bisect_right(self._existing, position) > bisect_left(self._existing, earliest):
@@ -402,6 +403,4 @@ class _Acceptance:
 
 
 def _placement_of(source: TapSource) -> Placement:
-    if source in (TapSource.HEDGE, TapSource.PROMPT_TAIL):
-        return Placement.INNER
-    return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.EXACT
+    return Placement.FLEXIBLE if source == TapSource.LADDER else Placement.INNER

@@ -106,6 +106,9 @@ class EngineProtocol(Protocol):
 
     def stats(self) -> dict[str, object]: ...
 
+    def check_integrity(self) -> None:
+        """Rebuild the cache's derived state and compare; raises IntegrityError (an AssertionError)."""
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...

@@ -44,6 +44,11 @@ def snapshot_host_bytes(index: PrefixIndex, snapshots: Iterable[SnapshotId]) -> 
     return sum(_snapshot_image_bytes(index, snap) + _snapshot_tail_bytes(index, snap) for snap in live)
 
 
+def host_images(index: PrefixIndex) -> int:
+    """Snapshot images resident on the host. Reads only."""
+    return sum(1 for snap in index.snapshots.values() if snap.host_state == Residency.RESIDENT)
+
+
 def _snapshot_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:
     if snap.host_state != Residency.RESIDENT:
         return 0

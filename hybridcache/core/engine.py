@@ -27,17 +27,20 @@ from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import (
     device_counts,
+    host_images,
     host_tier_composition,
     snapshot_host_bytes,
     superseded_snapshot_bytes,
 )
+from hybridcache.core.loop_stall import LoopStallMonitor
+from hybridcache.core.occupancy import occupancy_counts
 from hybridcache.core.requests import Request, RequestStream
 from hybridcache.core.runtime import ModelRuntime
 from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import Tokenizer
 from hybridcache.core.worker import Worker
 from hybridcache.logs import Progress, get_logger
-from hybridcache.persistence.cache_dir import CacheDirectory
+from hybridcache.persistence.cache_dir import CACHE_DIR_OFF_STATS, CacheDirectory
 from hybridcache.persistence.contents_writer import DEFAULT_COMPACT_MIN_TAIL
 from hybridcache.persistence.event_fanout import fan_out
 from hybridcache.persistence.event_sink import open_journal
@@ -90,6 +93,7 @@ class Engine:
             hedge_budget_bytes=resolve_hedge_budget(
                 options.cache.hedge_budget, self.runtime.geometry, options.max_concurrency
             ),
+            keep_backed_device_images=self.runtime.keep_device_snapshot_copies,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
         self.save_finished = threading.Event()
@@ -106,6 +110,7 @@ class Engine:
         self._worker: Worker | None = None
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.loop_stalls = LoopStallMonitor()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -119,6 +124,7 @@ class Engine:
         if self.kv_events is not None:
             self.kv_events.start()
         self._worker = Worker(self, self._compute)
+        self.loop_stalls.start()
         self._task = asyncio.create_task(self._worker.run(), name="hybridcache-worker")
         self._task.add_done_callback(self._worker_ended)
 
@@ -134,6 +140,7 @@ class Engine:
             return
         self._worker.request_stop()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self.loop_stalls.stop()
         await self._worker.drain_transfers()
         self._compute.shutdown(wait=True)
         if self._fingerprint is not None and self._failure is None:
@@ -248,12 +255,15 @@ class Engine:
             "host_tier_bytes": host_tier_composition(index),
             "host_tier_superseded_snapshot_bytes": superseded_snapshot_bytes(index),
             **device_counts(index),
+            **occupancy_counts(index),
+            "worker_lanes_free": 0 if worker is None else len(worker.free_lanes),
+            "host_tier_fallback_chunks": self.runtime.host_memory.fallback_chunks,
+            **self.loop_stalls.stats(),
             **self._journal_stats(),
             **(KV_EVENTS_OFF_STATS if self.kv_events is None else self.kv_events.stats()),
             "cache_event_seq": index.seq,
         }
-        if self.cache_dir is not None:
-            stats.update(self.cache_dir.stats())
+        stats.update(CACHE_DIR_OFF_STATS if self.cache_dir is None else self.cache_dir.stats())
         if worker is not None:
             stats.update(worker.counters.as_dict())
         hedges = [snap.id for snap in index.snapshots.values() if snap.kind == SnapshotKind.HEDGE]
@@ -261,6 +271,10 @@ class Engine:
         stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
         stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
         stats["stale_hedges_dropped"] = self.cache.stats.stale_hedges_dropped
+        states = self.runtime.states
+        stats["snapshot_image_bytes"] = states.image_bytes
+        stats["snapshot_image_pending_tail_bytes"] = states.tail_bytes()
+        stats["host_tier_pending_tail_bytes"] = host_images(index) * states.tail_bytes()
         return stats
 
     def _journal_stats(self) -> dict[str, object]:

@@ -66,18 +66,21 @@ class LaneState:
         return self.computed < self.prompt_len
 
     def next_chunk_end(self, chunk: int) -> int:
-        """End of the next prefill pass: the chunk size, cut at the next exact tap, or at the next inner tap
-        that the pass cannot capture (one not a multiple of 64 tokens after the pass start)."""
+        """End of the next prefill pass: the chunk size, cut at the next exact tap. A pass that does not end
+        the prompt ends on a block boundary (unless the chunk is shorter than the way to it), so the next
+        one starts there: a pass that starts inside a block would compute that block's delta-rule
+        sub-chunk in two pieces, and its rows would differ from a cold run's in the last bits."""
         start = self.computed
         end = min(start + chunk, self.prompt_len)
+        if end < self.prompt_len and end % BLOCK_TOKENS and end - end % BLOCK_TOKENS > start:
+            end -= end % BLOCK_TOKENS
         cuts = [p for p in self.exact_taps if start < p < end]
-        cuts += [p for p in self.inner_taps if start < p < end and (p - start) % BLOCK_TOKENS]
         return min(cuts, default=end)
 
     def inner_due(self, start: int, end: int) -> list[int]:
-        """Inner taps the pass [start, end) captures inside itself (strictly inside, 64-aligned with its
-        start; `next_chunk_end` cut the pass at any other)."""
-        return [p for p in self.inner_taps if start < p < end and (p - start) % BLOCK_TOKENS == 0]
+        """Inner taps the pass [start, end) captures inside itself (strictly inside; one at its end is a copy
+        of the lane's state after it, `taps_due`)."""
+        return [p for p in self.inner_taps if start < p < end]
 
     def pages_needed(self, end: int) -> int:
         """More pages the block table needs to hold positions below `end`."""

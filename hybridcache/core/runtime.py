@@ -16,6 +16,7 @@ from hybridcache.gpu.backend import CpuBackend
 from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
+from hybridcache.gpu.huge_pages import HugePages
 from hybridcache.gpu.model import Qwen35Model, cpu_kernels, load_model
 from hybridcache.gpu.model.loader import stored_dtype
 from hybridcache.gpu.slab_file import MappedSlabFile
@@ -60,6 +61,8 @@ class ModelRuntime:
             trim()  # packing freed a transient copy of every weight; give those pages back
         self.max_model_len = options.max_model_len or model_context_length(model_dir)
         cache = options.cache
+        copies = cache.device_snapshot_copies
+        self.keep_device_snapshot_copies = self.device.type != "cpu" if copies is None else copies
         self.num_slots = options.max_concurrency + cache.device_snapshot_slots
         self.states = self.model.new_state_slots(self.num_slots)
         probe = self.model.new_kv_pools(1)
@@ -121,6 +124,12 @@ class ModelRuntime:
                 f"{format_bytes(self.num_pages * self.page_bytes)} budget{committed}",
             ),
             ("state_slots", f"{self.num_slots} x {format_bytes(self.states.image_bytes)} budget{committed}"),
+            (
+                "device_snapshot_copies",
+                "kept beside their host images"
+                if self.keep_device_snapshot_copies
+                else "dropped once the host image lands (slots and host slabs are the same memory here)",
+            ),
             ("host_slab", format_bytes(self.slab_bytes)),
         ]
 
@@ -129,11 +138,21 @@ class ModelRuntime:
         if not self.model.lm_head[0].is_mkldnn:
             return "torch (weights not packed for oneDNN)"
         kernels = cpu_kernels.status()
+        pages = _weight_pages()
         if kernels.active:
-            return kernels.reason
-        return f"oneDNN packed weights (own kernels off: {kernels.reason})"
+            return f"{kernels.reason}; {pages}"
+        return f"oneDNN packed weights (own kernels off: {kernels.reason}); {pages}"
 
     def close(self) -> None:
         self.backend.close()
         if self.slab_file is not None:
             self.slab_file.close()
+
+
+def _weight_pages() -> str:
+    """How much of the packed weights `huge_pages.collapse` moved onto 2 MiB pages (process-wide)."""
+    if HugePages.collapsed_bytes:
+        return f"{format_bytes(HugePages.collapsed_bytes)} of packed weights on 2 MiB pages"
+    if HugePages.refused:
+        return "packed weights on 4 KiB pages (the kernel refused MADV_COLLAPSE)"
+    return "packed weights on 4 KiB pages"

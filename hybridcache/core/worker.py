@@ -523,7 +523,13 @@ class Worker:
             return
         stream = self.runtime.backend.transfer_stream
         self._enqueue_write(stream, plan)
-        self._watch(stream.record_event(), lambda batch=plan.batch: self.cache.host_write_done(batch))
+        self._watch(stream.record_event(), lambda batch=plan.batch: self._host_write_landed(batch))
+
+    def _host_write_landed(self, batch: int) -> None:
+        """The cache learns a write landed; the slots it freed give their memory back (on a CPU, where a
+        freed slot would otherwise stay resident until reused)."""
+        for slot in self.cache.host_write_done(batch):
+            self.runtime.states.release_pages(slot)
 
     def _write_now(self, plan: HostWritePlan) -> None:
         """The cache's ``host_copy``: a write-back on eviction, whose pages are reused as soon as the cache

@@ -16,6 +16,10 @@ import torch
 from hybridcache.cache.ids import SlabId
 from hybridcache.cache.slab_pool import HostSlabPool, SlabLocation
 from hybridcache.gpu.slab_file import MappedSlabFile
+from hybridcache.gpu.zeroed_memory import zeroed
+from hybridcache.logs import get_logger
+
+log = get_logger(__name__)
 
 
 class HostAllocationError(MemoryError):
@@ -31,6 +35,13 @@ def cpu_allocator(nbytes: int) -> torch.Tensor:
 
 def pinned_allocator(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def mapped_allocator(nbytes: int) -> torch.Tensor:
+    """An anonymous private mapping, committed page by page as it is written: the fallback when the
+    primary allocator refuses a chunk mid-run (pinned memory is scarce; a mapping is ordinary
+    pageable memory, slower to copy from on CUDA but as correct)."""
+    return zeroed((nbytes,), torch.uint8, "cpu")
 
 
 class HostSlabMemory:
@@ -49,6 +60,7 @@ class HostSlabMemory:
         self._allocate = allocate
         self.mapped_file = mapped_file
         self._chunks: list[torch.Tensor | None] = [None] * pool.num_chunks
+        self.fallback_chunks = 0  # chunks the allocator refused that an anonymous mapping holds instead
 
     @property
     def allocated_bytes(self) -> int:
@@ -63,13 +75,28 @@ class HostSlabMemory:
         try:
             if self.mapped_file is not None:
                 created = self.mapped_file.map(index * self.pool.slabs_per_chunk * self.slab_bytes, nbytes)
-            else:
+            elif index == 0:  # at start-up (runtime.py): a refusal is the start-up error naming the size
                 created = self._allocate(nbytes)
+            else:
+                created = self._allocate_mid_run(index, nbytes)
         except (RuntimeError, MemoryError, OSError) as error:
             raise HostAllocationError(
                 f"could not allocate {nbytes >> 20} MiB of host slab memory (chunk {index}): {error}"
             ) from error
         self._chunks[index] = created
+        return created
+
+    def _allocate_mid_run(self, index: int, nbytes: int) -> torch.Tensor:
+        """Chunk `index` while serving: by now its slabs are already promised to a write the cache has
+        opened, so a refusal here would fail the engine; an anonymous mapping stands in instead. Raises
+        what the mapping raises when that fails too."""
+        try:
+            return self._allocate(nbytes)
+        except (RuntimeError, MemoryError) as error:
+            log.warning("host slab memory: could not allocate chunk %d (%d MiB): %s; using an anonymous "
+                        "mapping instead", index, nbytes >> 20, error)
+        created = mapped_allocator(nbytes)
+        self.fallback_chunks += 1
         return created
 
     def chunk_buffer(self, index: int) -> memoryview:

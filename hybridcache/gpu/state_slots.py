@@ -1,10 +1,17 @@
 """State slots: one array of `num_slots` StateImages, addressed by slot index.
 
 A StateImage is every Gated DeltaNet layer's recurrent memory for one sequence: the depthwise conv's last
-`kernel - 1` inputs (`[conv_dim, kernel - 1]`, model dtype) and the fp32 recurrent state
-(`[value_heads, key_head_dim, value_head_dim]`). Roles (active lane / snapshot / staging) are a map kept by
-the engine; here a slot is only bytes. `image_parts` lays an image out as named byte ranges in forward order
-(layer by layer, conv then recurrent), which is what restores and write-through move part by part.
+`kernel - 1` inputs (`[conv_dim, kernel - 1]`, model dtype), the fp32 recurrent state
+(`[value_heads, key_head_dim, value_head_dim]`) and a *pending tail*: up to `TAIL_ROWS` layer inputs
+(`[TAIL_ROWS, tail_width]`, model dtype) and their count (`[1]` int32).
+
+An image whose count is t > 0 describes position p = q + t with q a multiple of 64: its conv and recurrent
+state are the ones at q, and the tail rows are the layer's inputs of the tokens [q, p). A prefill resumed
+from it computes the delta rule's sub-chunk [q, q + 64) whole, as a cold pass does, which makes a snapshot
+inside a block bit-exact (`GatedDeltaNet.prefill`). A count of 0 is a plain state at p. Roles (active lane /
+snapshot / staging) are a map kept by the engine; here a slot is only bytes. `image_parts` lays an image out
+as named byte ranges in forward order (layer by layer: conv, recurrent, tail rows, tail count), which is
+what restores and write-through move part by part.
 
 `plan_slot_runs` groups a decode batch's slots into runs of consecutive slot indices, so the decode step can
 update each run's recurrent states in place through one view of the plane instead of gathering every lane's
@@ -20,7 +27,7 @@ import torch
 
 from hybridcache.cache.ids import SlotId
 from hybridcache.gpu.kv_pool import check_byte_buffer, flat_bytes
-from hybridcache.gpu.zeroed_memory import zeroed
+from hybridcache.gpu.zeroed_memory import release_pages, zeroed
 
 
 class ImagePart(NamedTuple):
@@ -73,6 +80,10 @@ def plan_slot_runs(slots: Sequence[SlotId], device: torch.device | str = "cpu") 
     )
 
 
+TAIL_ROWS = 63
+"""Most layer inputs a pending tail holds: a block's tokens before the last one."""
+
+
 class StateShape(NamedTuple):
     """The per-layer shapes of a StateImage."""
 
@@ -81,6 +92,7 @@ class StateShape(NamedTuple):
     value_heads: int
     key_head_dim: int
     value_head_dim: int
+    tail_width: int = 0  # a Gated DeltaNet layer's input width (the model's hidden size); 0: no tail rows
 
 
 class StateSlots:
@@ -101,18 +113,36 @@ class StateSlots:
         rec_shape = (num_slots, shape.value_heads, shape.key_head_dim, shape.value_head_dim)
         self.conv_planes = [zeroed(conv_shape, conv_dtype, device) for _ in self.layers]
         self.recurrent_planes = [zeroed(rec_shape, torch.float32, device) for _ in self.layers]
+        tail_shape = (num_slots, TAIL_ROWS if shape.tail_width else 0, shape.tail_width)
+        self.tail_row_planes = [zeroed(tail_shape, conv_dtype, device) for _ in self.layers]
+        self.tail_count_planes = [zeroed((num_slots, 1), torch.int32, device) for _ in self.layers]
         self.image_parts = _image_parts(self.layers, self.planes())
         self.image_bytes = sum(part.nbytes for part in self.image_parts)
 
     def planes(self) -> list[torch.Tensor]:
-        """Every plane in image order (conv then recurrent, per layer in forward order)."""
-        return [plane for pair in zip(self.conv_planes, self.recurrent_planes) for plane in pair]
+        """Every plane in image order (per layer in forward order: conv, recurrent, tail rows, tail count)."""
+        per_layer = zip(self.conv_planes, self.recurrent_planes, self.tail_row_planes, self.tail_count_planes)
+        return [plane for group in per_layer for plane in group]
+
+    def tail_bytes(self) -> int:
+        """Bytes of one image that hold the pending tail (rows and counts of every layer). Pure."""
+        tail_parts = (".tail_rows", ".tail_count")
+        return sum(part.nbytes for part in self.image_parts if part.name.endswith(tail_parts))
+
+    def tail_tokens(self, slot: SlotId) -> int:
+        """The pending tail's token count of slot `slot` (the same in every layer). Does not mutate."""
+        return int(self.tail_count_planes[0][slot, 0]) if self.layers else 0
 
     def reset_slot(self, slot: SlotId) -> None:
         """Zero slot `slot`: the state of an empty sequence. Mutates it."""
         with torch.inference_mode():
             for plane in self.planes():
                 plane[slot].zero_()
+
+    def release_pages(self, slot: SlotId) -> int:
+        """Give the memory of the free slot `slot` back to the system where it is whole pages (a CPU); the
+        slot reads as zeros afterwards. Returns the bytes released."""
+        return sum(release_pages(plane[slot]) for plane in self.planes())
 
     def copy_slot(self, src: SlotId, dst: SlotId) -> None:
         """Copy slot `src` into `dst`. Mutates `dst`."""
@@ -153,10 +183,10 @@ class StateSlots:
 def _image_parts(layers: tuple[int, ...], planes: list[torch.Tensor]) -> list[ImagePart]:
     parts: list[ImagePart] = []
     offset = 0
-    kinds = ("conv", "recurrent")
+    kinds = ("conv", "recurrent", "tail_rows", "tail_count")
     for i, plane in enumerate(planes):
-        layer = layers[i // 2]
+        layer = layers[i // len(kinds)]
         nbytes = plane[0].numel() * plane.element_size()
-        parts.append(ImagePart(f"layer{layer}.{kinds[i % 2]}", layer, offset, nbytes))
+        parts.append(ImagePart(f"layer{layer}.{kinds[i % len(kinds)]}", layer, offset, nbytes))
         offset += nbytes
     return parts

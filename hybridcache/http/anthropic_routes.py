@@ -121,6 +121,9 @@ async def _stream(request: web.Request, body: MessagesRequest, run: Generation,
                   parser: OutputParser) -> web.StreamResponse:
     try:
         response = await sse.open_event_stream(request)
+    except ConnectionResetError:
+        return sse.client_gone()
+    try:
         start = _message(body, run, [])
         await sse.send_event(response, "message_start", {"type": "message_start", "message": start})
         blocks = _BlockWriter(response)

@@ -9,7 +9,8 @@ never takes the server down.
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/messages,
 POST /v1/chat/completions/render and /v1/completions/render (the prompt's token ids, for routers),
 GET /server_info, GET /health, GET /metrics (Prometheus text, see metrics.py), GET /v1/cache/stats
-(``engine.stats()`` as JSON; /metrics carries the same figures under the same names).
+(``engine.stats()`` as JSON; /metrics carries the same figures under the same names), GET
+/v1/cache/integrity (``check_integrity()`` of the live index: 200 clean, 500 naming the first problem).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def create_app(engine: EngineProtocol, frontend: FrontendLike, options: ServerOp
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/cache/stats", cache_stats)
+    app.router.add_get("/v1/cache/integrity", cache_integrity)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/messages", messages)
@@ -91,11 +93,12 @@ async def health(request: web.Request) -> web.Response:
     load balancers and Kubernetes probes (and vLLM's and SGLang's own /health contract) read any non-200
     as "take this replica out", but the server still serves every request correctly; the journal only
     records history. Monitoring sees the failure in the body and in
-    ``hybridcache:journal_write_errors_total``."""
+    ``hybridcache:journal_write_errors_total``. A cache directory that stopped making writes durable
+    (``cache_dir_error``: disk full) degrades it the same way: the cache still serves from memory."""
     stats = server_state(request).engine.stats()
     if stats.get("stopping", False):
         return web.json_response({"status": "stopping"}, status=503)
-    problems = [str(stats["journal_error"])] if stats.get("journal_error") else []
+    problems = [str(stats[key]) for key in ("journal_error", "cache_dir_error") if stats.get(key)]
     if problems:
         return web.json_response({"status": "degraded", "problems": problems})
     return web.json_response({"status": "ok"})
@@ -116,3 +119,14 @@ async def metrics(request: web.Request) -> web.Response:
 async def cache_stats(request: web.Request) -> web.Response:
     body = msgspec.json.encode(server_state(request).engine.stats(), enc_hook=str)
     return web.Response(body=body, content_type="application/json")
+
+
+async def cache_integrity(request: web.Request) -> web.Response:
+    """The index rebuilt and compared (O(index), on the event loop, so it sees a state between two
+    events): the soak bench asks once its clients have stopped. Needs the API key like every /v1/ route."""
+    try:
+        server_state(request).engine.check_integrity()
+    except AssertionError as problem:
+        log.error("cache integrity check failed: %s", problem)
+        return web.json_response({"clean": False, "problem": str(problem)}, status=500)
+    return web.json_response({"clean": True})

@@ -60,6 +60,12 @@ COUNTERS = (
            "KV-event batches dropped because the publisher fell behind the worker (it then stops)."),
     Figure("kv_events_events_dropped", "Cache events never published to routers (--kv-events)."),
     Figure("kv_events_cpu_seconds", "CPU seconds of the KV-event publisher's thread (--kv-events)."),
+    Figure("worker_stalls_over_100ms", "Times the event loop (the worker) was blocked for over 100 ms."),
+    Figure("cache_dir_batches", "Batches of host writes made durable in the cache directory (--cache-dir)."),
+    Figure("cache_dir_records", "Records appended to the cache directory's contents journal."),
+    Figure("cache_dir_compactions", "Rewrites of the contents journal as a base table."),
+    Figure("cache_dir_sync_seconds", "Seconds in fdatasync (slab file and contents) over every batch."),
+    Figure("cache_dir_bytes_appended", "Bytes appended to the contents journal by batches."),
 )
 
 GAUGES = (
@@ -79,9 +85,39 @@ GAUGES = (
            "(part of host_tier_bytes)."),
     Figure("host_tier_hedge_budget_bytes",
            "Host bytes hedge images may hold together (--cache-hedge-budget)."),
+    Figure("snapshot_image_bytes", "Bytes of one recurrent-state image (device slot or host slabs)."),
+    Figure("snapshot_image_pending_tail_bytes",
+           "Bytes of one image that hold a pending tail: the Gated DeltaNet layer inputs since the block "
+           "boundary, which make a snapshot inside a block bit-exact (part of snapshot_image_bytes)."),
+    Figure("host_tier_pending_tail_bytes",
+           "Host bytes of the pending-tail parts of host-resident images (part of host_tier_bytes)."),
     Figure("host_writes_in_flight", "Host writes issued and not yet landed."),
     Figure("kv_events_device_blocks", "Blocks routers are told this replica resumes from the device."),
     Figure("kv_events_host_blocks", "Blocks routers are told this replica resumes from the Host tier."),
+    Figure("worker_stall_max_seconds",
+           "The longest time the event loop (the worker's bookkeeping, every stream) was blocked."),
+    Figure("worker_stall_max_cpu_seconds",
+           "The event loop thread's CPU time during that longest stall (near it: code blocked the loop; "
+           "far below: the thread waited for the GIL or a CPU)."),
+    Figure("worker_stall_max_process_cpu_seconds",
+           "Every thread's CPU time during that longest stall (near it: the GIL was held elsewhere; "
+           "far below: the process was not scheduled)."),
+    Figure("worker_lanes_free", "Engine lanes free (all of them when no request runs)."),
+    Figure("pinned_blocks", "Blocks pinned by a running request or a transfer (0 when idle)."),
+    Figure("pinned_snapshots", "Snapshots pinned by an admission or a transfer (0 when idle)."),
+    Figure("cache_lanes", "Lanes open in the cache index (0 when idle)."),
+    Figure("lane_private_pages", "Device pages private to a running lane (0 when idle)."),
+    Figure("restores_in_flight", "Host-to-device restore batches not yet landed."),
+    Figure("host_slabs_used", "Host tier slabs in use."),
+    Figure("host_tier_fallback_chunks",
+           "Host tier chunks the allocator refused mid-run, held by an anonymous mapping instead."),
+    Figure("cache_event_seq", "Sequence number of the last cache event applied."),
+    Figure("cache_dir_durable_seq",
+           "Event sequence up to which every landed host write is durable in the cache directory."),
+    Figure("cache_dir_contents_bytes", "Size of the cache directory's contents journal."),
+    Figure("cache_dir_sync_seconds_max", "The longest batch's fdatasync pair (slab file and contents)."),
+    Figure("cache_dir_restored", "What the last start restored from the cache directory, by count.",
+           "count"),
 )
 
 

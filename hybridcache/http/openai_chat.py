@@ -111,6 +111,9 @@ async def _stream(request: web.Request, state: ServerState, body: ChatCompletion
     chunk = _ChunkMaker(run.request_id, body.model, include_usage)
     try:
         response = await sse.open_event_stream(request)
+    except ConnectionResetError:
+        return sse.client_gone()
+    try:
         await sse.send_data(response, chunk({"role": "assistant", "content": ""}))
         tool_index = 0
         try:

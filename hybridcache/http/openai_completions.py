@@ -133,6 +133,9 @@ async def _stream(request: web.Request, state: ServerState, body: CompletionRequ
 
     try:
         response = await sse.open_event_stream(request)
+    except ConnectionResetError:
+        return sse.client_gone()
+    try:
         if echo:
             await sse.send_data(response, chunk(echo))
         offset = len(echo)

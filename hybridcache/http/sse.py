@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 DONE_FRAME = b"data: [DONE]\n\n"
+CLIENT_CLOSED_REQUEST = 499
 
 
 async def open_event_stream(request: web.Request) -> web.StreamResponse:
@@ -21,6 +22,13 @@ async def open_event_stream(request: web.Request) -> web.StreamResponse:
     })
     await response.prepare(request)
     return response
+
+
+def client_gone() -> web.Response:
+    """What a handler returns when its client left before the stream's headers went out: aiohttp's
+    attempt to send it fails quietly as a disconnect, and the access log shows 499 (nginx's "client
+    closed request"). Raising instead would be logged as an error, with a traceback."""
+    return web.Response(status=CLIENT_CLOSED_REQUEST)
 
 
 async def send_data(response: web.StreamResponse, payload: object) -> None:

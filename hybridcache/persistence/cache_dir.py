@@ -44,6 +44,21 @@ CONTENTS_NAME = "contents"
 LOCK_NAME = "lock"
 
 
+# What ``Engine.stats()`` reports without --cache-dir (every figure is in /metrics, so always present).
+CACHE_DIR_OFF_STATS: dict[str, object] = {
+    "cache_dir_durable_seq": 0,
+    "cache_dir_batches": 0,
+    "cache_dir_records": 0,
+    "cache_dir_compactions": 0,
+    "cache_dir_sync_seconds": 0.0,
+    "cache_dir_sync_seconds_max": 0.0,
+    "cache_dir_contents_bytes": 0,
+    "cache_dir_bytes_appended": 0,
+    "cache_dir_error": None,
+    "cache_dir_restored": {},
+}
+
+
 class CacheDirectoryError(RuntimeError):
     """The directory cannot be used (another server holds it, or it cannot be written)."""
 
@@ -162,6 +177,9 @@ class CacheDirectory:
             "cache_dir_records": writer.records_written,
             "cache_dir_compactions": writer.compactions,
             "cache_dir_sync_seconds": round(writer.sync_seconds, 6),
+            "cache_dir_sync_seconds_max": round(writer.sync_seconds_max, 6),
+            "cache_dir_contents_bytes": writer.contents_bytes,
+            "cache_dir_bytes_appended": writer.bytes_appended,
             "cache_dir_hash_seconds": round(writer.hash_seconds, 6),
             "cache_dir_error": None if writer.error is None else f"cache directory: {writer.error}",
             "cache_dir_restored": msgspec.to_builtins(self.counts),

@@ -110,6 +110,9 @@ class ContentsWriter:
         self.tail_records = 0
         self.compactions = 0
         self.sync_seconds = 0.0  # fdatasync time, slabs and contents, summed
+        self.sync_seconds_max = 0.0  # the longest batch's fdatasync pair
+        self.bytes_appended = 0  # contents bytes appended by batches (compactions not counted)
+        self.contents_bytes = os.fstat(self._fd).st_size  # the file's size now
         self.hash_seconds = 0.0
         self.compaction_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="hybridcache-contents", daemon=True)
@@ -202,10 +205,14 @@ class ContentsWriter:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._fd, view) :]
+            self.bytes_appended += len(data)
+            self.contents_bytes += len(data)
             os.fdatasync(self._fd)
             for record in records:
                 self.fold.apply(record)
-        self.sync_seconds += time.perf_counter() - hashed
+        synced = time.perf_counter() - hashed
+        self.sync_seconds += synced
+        self.sync_seconds_max = max(self.sync_seconds_max, synced)
         self.records_written += len(records)
         self.tail_records += len(records)
         self.batches += 1
@@ -231,6 +238,7 @@ class ContentsWriter:
         )
         old, self._fd = self._fd, open_for_append(self.path)
         os.close(old)
+        self.contents_bytes = os.fstat(self._fd).st_size
         self.tail_records = 0
         self.compactions += 1
         self.compaction_seconds += time.perf_counter() - started

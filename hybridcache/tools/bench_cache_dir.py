@@ -89,14 +89,15 @@ async def _run(preset: str, conversations: int, turns: int, turn_tokens: int, fo
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_cache_dir", description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="micro", choices=("micro", "tiny", "small"))
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=300)
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-cache-dir-") as temporary:
         folder = args.workdir or Path(temporary)
         folder.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<45} {value}")
     return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hybridcache.tools.bench_cache_dir` (also `hybridcache bench cache-dir`)."""
+    parser = argparse.ArgumentParser(prog="bench_cache_dir", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -270,6 +270,7 @@ async def _start(
         cache=CacheOptions(
             host_cache_mib=512,
             device_snapshot_slots=1 if one_request_pool else None,
+            device_snapshot_copies=True,  # every source is checked, the device's too (a CPU drops copies)
             prefix_cache_file=cache_file,
         )
         if prefix_reuse

@@ -392,8 +392,7 @@ def _line(r: TrialResult) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="crash_trials", description=__doc__.split("\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: built under --workdir")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/hybridcache-crash-trials"))
@@ -404,7 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", default=",".join(MODES), help="kill modes, cycled over the trials")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hybridcache.tools.crash_trials` (also `hybridcache bench crash-trials`)."""
+    parser = argparse.ArgumentParser(prog="crash_trials", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     from hybridcache.tools.make_tiny_model import ensure_checkpoint
 
     checkpoint = args.checkpoint or ensure_checkpoint(args.workdir / args.preset, args.preset, seed=0)

@@ -44,9 +44,13 @@ def checked_cache(
     journal: list | None = None,
     cost: CacheCostModel | None = None,
     host_write: HostWrite = HostWrite.BACK,
+    keep_backed_device_images: bool = True,
 ) -> Cache:
     """A Cache whose index checks its integrity after every applied event."""
-    cache = Cache(geo or geometry(), cost or CacheCostModel.default(), journal, host_write)
+    cache = Cache(
+        geo or geometry(), cost or CacheCostModel.default(), journal, host_write,
+        keep_backed_device_images=keep_backed_device_images,
+    )
     index = cache.index
     apply = index.apply
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import (
+    SEMANTIC_PROXIMITY_TOKENS,
     HintKind,
     Placement,
     PlannedTap,
@@ -66,48 +67,59 @@ def test_chat_turn_the_opener_absorbs_the_prompt_tail_within_64_tokens():
         hint(9000, HintKind.OPENER),
     ]
     taps = plan_taps(9010, 0, hints, [], options())
-    assert positions(taps) == [256, 4480, 8960]
-    assert tap_at(taps, 256) == PlannedTap(256, Placement.EXACT, TapSource.STRUCTURAL, True)
+    assert positions(taps) == [300, 4480, 9000]
+    # semantic taps lie at their token (a snapshot inside a block resumes bit-exactly), inside the pass
+    assert tap_at(taps, 300) == PlannedTap(300, Placement.INNER, TapSource.STRUCTURAL, True)
     # ladder n − G = 4914 snaps back to the message boundary at 4500, then down to a block boundary
     assert tap_at(taps, 4480) == PlannedTap(4480, Placement.FLEXIBLE, TapSource.LADDER, False)
-    assert tap_at(taps, 8960) == PlannedTap(8960, Placement.EXACT, TapSource.OPENER, False)
+    assert tap_at(taps, 9000) == PlannedTap(9000, Placement.INNER, TapSource.OPENER, False)
     assert TapSource.PROMPT_TAIL not in sources(taps)
 
 
-def test_the_prompt_tail_is_at_n_minus_1_snapped_to_a_block_boundary_and_taken_inside_its_pass():
+def test_the_prompt_tail_is_at_n_minus_1_and_taken_inside_its_pass():
     taps = plan_taps(3000, 0, [hint(2000, HintKind.OPENER)], [], options())
-    assert tap_at(taps, 2944) == PlannedTap(2944, Placement.INNER, TapSource.PROMPT_TAIL, False)
-    assert positions(taps) == [1984, 2944]
+    assert tap_at(taps, 2999) == PlannedTap(2999, Placement.INNER, TapSource.PROMPT_TAIL, False)
+    assert positions(taps) == [2000, 2999]
 
 
-def test_a_tail_block_boundary_at_or_before_the_base_plans_no_tail():
-    # resumed from an endpoint at 2950: the tail's boundary 2944 lies behind it
-    assert plan_taps(3000, 2950, [], [2950], options(), resumed_from_endpoint=True) == []
+def test_a_tail_at_or_before_the_base_plans_no_tail():
+    assert plan_taps(3000, 2999, [], [2999], options(), resumed_from_endpoint=True) == []
 
 
-def test_a_short_user_turn_clusters_the_system_end_with_the_opener():
-    # system end at 470 and opener at 500: one cluster, kept at the earliest member, a Boundary;
-    # the tail at 502 lies within 64 tokens of it and is absorbed
+def test_a_short_user_turn_keeps_both_the_system_end_and_the_opener():
+    # system end at 470 and opener at 500: each where later requests diverge (another session sharing the
+    # system prompt, the next turn of this one); the tail at 502 lies within 64 tokens and is absorbed
     taps = plan_taps(503, 0, [hint(470, HintKind.STRUCTURAL), hint(500, HintKind.OPENER)], [], options())
-    assert taps == [PlannedTap(448, Placement.EXACT, TapSource.OPENER, True)]
+    assert taps == [
+        PlannedTap(470, Placement.INNER, TapSource.STRUCTURAL, True),
+        PlannedTap(500, Placement.INNER, TapSource.OPENER, False),
+    ]
 
 
-def test_the_tail_survives_when_alignment_puts_the_cluster_more_than_64_tokens_back():
-    taps = plan_taps(578, 0, [hint(500, HintKind.STRUCTURAL), hint(540, HintKind.OPENER)], [], options())
-    assert positions(taps) == [448, 576]
-    assert sources(taps) == [TapSource.OPENER, TapSource.PROMPT_TAIL]
+def test_hints_at_one_position_are_one_tap_with_the_best_source_and_any_boundary():
+    taps = plan_taps(610, 0, [hint(500, HintKind.STRUCTURAL), hint(500, HintKind.OPENER)], [], options())
+    assert taps == [
+        PlannedTap(500, Placement.INNER, TapSource.OPENER, True),
+        PlannedTap(609, Placement.INNER, TapSource.PROMPT_TAIL, False),
+    ]
+
+
+def test_the_tail_survives_more_than_64_tokens_after_the_opener():
+    taps = plan_taps(610, 0, [hint(500, HintKind.STRUCTURAL), hint(540, HintKind.OPENER)], [], options())
+    assert positions(taps) == [500, 540, 609]
+    assert sources(taps) == [TapSource.STRUCTURAL, TapSource.OPENER, TapSource.PROMPT_TAIL]
 
 
 def test_an_automatic_marker_plans_like_structure_but_publishes_as_an_ordinary_tap():
     taps = plan_taps(5000, 0, [hint(1000, HintKind.AUTOMATIC)], [], options(max_new_taps=1))
-    assert taps == [PlannedTap(960, Placement.EXACT, TapSource.AUTOMATIC, False)]
+    assert taps == [PlannedTap(1000, Placement.INNER, TapSource.AUTOMATIC, False)]
 
 
 def test_an_endpoint_resume_skips_the_opener_but_keeps_the_tail():
     # the previous turn ended at 6100 (endpoint snapshot); this prompt echoes it and adds a tool result
     hints = [hint(300, HintKind.STRUCTURAL), hint(6800, HintKind.OPENER)]
     resumed = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=True)
-    assert resumed == [PlannedTap(6784, Placement.INNER, TapSource.PROMPT_TAIL, False)]
+    assert resumed == [PlannedTap(6809, Placement.INNER, TapSource.PROMPT_TAIL, False)]
     from_a_tap = plan_taps(6810, 6100, hints, [6100], options(), resumed_from_endpoint=False)
     assert sources(from_a_tap) == [TapSource.OPENER]
 
@@ -135,25 +147,25 @@ def test_a_prompt_ending_inside_media_has_no_tail_tap():
 
 
 def test_existing_snapshots_on_the_path_make_nearby_candidates_redundant():
-    # structure at 2000 → 1984 and opener at 2990 → 2944 both sit on or just after existing snapshots,
-    # and so does the tail at 2999
+    # structure at 2000 and opener at 2990 sit on or within 4 tokens after existing snapshots, and the
+    # tail at 2999 within 64
     hints = [hint(2000, HintKind.STRUCTURAL), hint(2990, HintKind.OPENER)]
-    taps = plan_taps(3000, 0, hints, [1984, 2900, 2950], options())
+    taps = plan_taps(3000, 0, hints, [1998, 2900, 2987], options())
     assert taps == []
 
 
 def test_explicit_markers_ignore_proximity_but_never_repeat_a_frontier():
     hints = [hint(1000, HintKind.EXPLICIT), hint(1070, HintKind.EXPLICIT), hint(1090, HintKind.EXPLICIT)]
-    taps = plan_taps(1100, 0, hints, [1088], options())
-    assert positions(taps) == [960, 1024]  # 1090 → 1088 repeats an existing snapshot; the tail is near it
-    assert all(tap.boundary and tap.placement == Placement.EXACT for tap in taps)
+    taps = plan_taps(1100, 0, hints, [1090], options())
+    assert positions(taps) == [1000, 1070]  # 1090 repeats an existing snapshot; the tail is near it
+    assert all(tap.boundary and tap.placement == Placement.INNER for tap in taps)
 
 
 def test_the_budget_keeps_the_highest_priority_then_the_earliest():
     explicit = [hint(1000 * k + 10, HintKind.EXPLICIT) for k in range(1, 11)]
     taps = plan_taps(20_000, 0, [*explicit, hint(19_990, HintKind.OPENER)], [], options(max_new_taps=8))
     assert sources(taps) == [TapSource.EXPLICIT] * 8
-    assert positions(taps) == [1000 * k - (1000 * k + 10) % 64 + 10 for k in range(1, 9)]
+    assert positions(taps) == [1000 * k + 10 for k in range(1, 9)]
 
 
 def test_without_a_host_tier_two_taps_go_to_the_opener_and_the_structure():
@@ -233,7 +245,7 @@ def plan(inputs, **override):
 
 @settings(max_examples=300, deadline=None)
 @given(planning_inputs())
-def test_every_tap_is_in_bounds_aligned_and_outside_media(inputs):
+def test_every_tap_is_in_bounds_outside_media_and_hedges_and_ladder_aligned(inputs):
     n, base, _hints, existing, spans, opts, _ = inputs
     taps = plan(inputs)
     assert positions(taps) == sorted(set(positions(taps)))
@@ -242,10 +254,11 @@ def test_every_tap_is_in_bounds_aligned_and_outside_media(inputs):
         assert base < tap.position <= n - 1
         assert all(not start < tap.position < end for start, end in spans)
         assert tap.position not in existing
-        if tap.source in (TapSource.PROMPT_TAIL, TapSource.HEDGE):
-            assert tap.placement == Placement.INNER
-        assert tap.position % BLOCK_TOKENS == 0
-        assert (tap.placement == Placement.FLEXIBLE) == (tap.source == TapSource.LADDER)
+        if tap.source in (TapSource.HEDGE, TapSource.LADDER):
+            assert tap.position % BLOCK_TOKENS == 0
+        if tap.source == TapSource.PROMPT_TAIL:
+            assert tap.position == n - 1
+        assert tap.placement == (Placement.FLEXIBLE if tap.source == TapSource.LADDER else Placement.INNER)
 
 
 @settings(max_examples=300, deadline=None)
@@ -256,9 +269,12 @@ def test_taps_are_deduplicated_against_the_path_and_the_ladder_keeps_its_gap(inp
     anchors = [base, *existing]
     for tap in taps:
         if tap.source != TapSource.EXPLICIT:
-            # the block-aligned prompt tail may lie one block past the base (never beside a snapshot)
+            # the prompt tail may lie close past the base (never beside a snapshot); semantic taps keep
+            # only a few tokens from the tap before them
             near = existing if tap.source == TapSource.PROMPT_TAIL else anchors
-            assert all(not 0 <= tap.position - a <= BLOCK_TOKENS for a in near), (tap, anchors)
+            semantic = tap.source in (TapSource.OPENER, TapSource.STRUCTURAL, TapSource.AUTOMATIC)
+            gap = SEMANTIC_PROXIMITY_TOKENS if semantic else BLOCK_TOKENS
+            assert all(not 0 <= tap.position - a <= gap for a in near), (tap, anchors)
         if tap.source == TapSource.LADDER:
             others = anchors + [t.position for t in taps if t is not tap]
             assert all(abs(tap.position - a) >= opts.min_gap_tokens for a in others)
@@ -339,11 +355,11 @@ def test_plain_position_kind_pairs_from_the_frontend_plan_like_hints():
 
 def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_pass():
     n = 11_341  # trace_0291 request 21: it shares 11,136 tokens with an earlier prompt
-    taps = plan_taps(n, 0, [], [], options(hedges=True))
+    taps = plan_taps(n, 64, [], [], options(hedges=True))  # resumed after its first block
     hedges = [t.position for t in taps if t.source == TapSource.HEDGE]
     assert hedges == [9280, 10304, 10816, 11072]  # n-2048, n-1024, n-512, n-256, each floored to 64
     assert all(t.placement == Placement.INNER and not t.boundary for t in taps if t.source == TapSource.HEDGE)
-    assert tap_at(taps, 11_328).source == TapSource.PROMPT_TAIL
+    assert tap_at(taps, 11_340).source == TapSource.PROMPT_TAIL
     # the ladder keeps its taps (n - 4096 and n - 8192 are at least the min gap from every hedge)
     assert [t.position for t in taps if t.source == TapSource.LADDER] == [3136, 7232]
     # a request sharing 11,136 tokens with it now resumes at 11,072 instead of the ladder's 7,232
@@ -352,10 +368,19 @@ def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_p
 
 def test_hedges_lie_past_the_base_and_never_within_64_tokens_after_the_base_or_a_snapshot():
     hedged = options(hedges=True)
-    assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 960]  # n-256 -> 704; n-512 < base
-    assert positions(plan_taps(1_000, 650, [], [], hedged)) == [960]  # 704 is within 64 of the base
-    assert positions(plan_taps(1_000, 0, [], [700], hedged)) == [448, 960]  # 704 beside a snapshot at 700
-    assert positions(plan_taps(200, 0, [], [], hedged)) == [192]  # too short for any hedge
+    assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 999]  # n-256 -> 704; n-512 < base
+    assert positions(plan_taps(1_000, 650, [], [], hedged)) == [999]  # 704 is within 64 of the base
+    assert positions(plan_taps(1_000, 64, [], [700], hedged)) == [448, 999]  # 704 beside a snapshot at 700
+    assert positions(plan_taps(200, 64, [], [], hedged)) == [199]  # too short for any hedge
+
+
+def test_a_prompt_that_resumes_nothing_is_not_hedged_and_keeps_its_tail():
+    hedged = options(hedges=True)
+    assert positions(plan_taps(11_341, 0, [], [], hedged)) == [3136, 7232, 11_340]  # ladder and tail
+    assert sources(plan_taps(11_341, 0, [], [], hedged)) == [
+        TapSource.LADDER, TapSource.LADDER, TapSource.PROMPT_TAIL
+    ]
+    assert TapSource.HEDGE in sources(plan_taps(11_341, 64, [], [], hedged))
 
 
 def test_without_a_host_tier_the_two_taps_go_to_structure_and_the_tail_not_to_hedges():

@@ -49,3 +49,30 @@ def test_blocks_with_a_snapshot_below_land_live_and_a_holding_lane_keeps_them_of
     assert not cache.index.dead_nodes
     cache.release(1)
     assert held <= set(backed_ids(cache))
+
+
+def test_without_device_copies_a_landed_image_frees_its_slot_and_stays_on_the_host():
+    journal: list = []
+    cache = checked_cache(geometry(), journal, host_write=HostWrite.THROUGH, keep_backed_device_images=False)
+    toks = tokens(3 * 64 + 10)
+    _, _, finished = run_request(cache, toks, land=False)
+    assert finished.write is not None and finished.write.images
+    slot = finished.write.images[0].slot
+    snap = next(s for s in cache.index.snapshots.values() if s.device_slot == slot)
+    freed = cache.host_write_done(finished.write.batch)
+    assert freed == [slot]
+    assert snap.device_slot is None and snap.host_state.name == "RESIDENT"
+    assert cache.index.slots.peek_free() is not None
+    assert isinstance(journal[-1], ev.SnapshotDeviceDropped)  # the drop is an event like any other
+    # the snapshot still serves its prefix, from the host
+    quoted = cache.quote(prompt([*toks, 1, 2, 3], 0))
+    assert quoted.reuse_tokens > 0
+
+
+def test_by_default_a_landed_image_keeps_its_device_copy():
+    cache = checked_cache(geometry(), host_write=HostWrite.THROUGH)
+    _, _, finished = run_request(cache, tokens(3 * 64 + 10), land=False)
+    slot = finished.write.images[0].slot
+    snap = next(s for s in cache.index.snapshots.values() if s.device_slot == slot)
+    assert cache.host_write_done(finished.write.batch) == []
+    assert snap.device_slot is not None

@@ -1,5 +1,6 @@
 """Bit-exact reuse: a request resumed from any source produces the cold run's first-token log-probabilities
-(bit for bit) and its 64 greedy tokens, in float32 and in bf16."""
+(bit for bit) and its 64 greedy tokens, in float32 and in bf16, from snapshots on a block boundary and
+inside a block (the prompt tail n - 1, which keeps a pending tail of layer inputs)."""
 
 from __future__ import annotations
 
@@ -40,14 +41,15 @@ async def test_a_repeat_and_an_extension_resume_on_the_device_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str, length: int
 ):
     prompt = filler_tokens(length + 300, seed=length)
-    engine = await start_engine(micro_checkpoint, dtype=dtype, host_cache_mib=64)
+    # device copies kept beside the host images (a CPU drops them by default: runtime.py)
+    engine = await start_engine(micro_checkpoint, dtype=dtype, host_cache_mib=64, device_snapshot_copies=True)
     try:
         await generate(engine, frontend.prepare_tokens(prompt[:length]), 1)
         repeat = await generate(engine, frontend.prepare_tokens(prompt[:length]), STEPS)
         extension = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
     finally:
         await engine.stop()
-    tail_tap = (length - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    tail_tap = length - 1
     assert repeat.accounting.source == extension.accounting.source == "device"
     assert repeat.accounting.reuse_tokens == tail_tap
     assert extension.accounting.reuse_tokens >= tail_tap
@@ -66,9 +68,15 @@ async def test_a_host_resume_is_exact(micro_checkpoint: Path, frontend: Frontend
         for seed in range(40, 43):  # unrelated traffic pushes the first prompt to host slabs
             await generate(engine, frontend.prepare_tokens(filler_tokens(700, seed=seed)), 1)
         resumed = await generate(engine, frontend.prepare_tokens(prompt), STEPS)
+        stats = engine.stats()
     finally:
         await engine.stop()
-    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 448
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 499  # the tail
+    # micro: 3 Gated DeltaNet layers, each image holds 63 layer inputs of 32 values and a count
+    item = 4 if dtype == "float32" else 2
+    assert stats["snapshot_image_pending_tail_bytes"] == 3 * (63 * 32 * item + 4)
+    assert stats["host_tier_pending_tail_bytes"] % stats["snapshot_image_pending_tail_bytes"] == 0
+    assert stats["host_tier_pending_tail_bytes"] > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
 
 
@@ -87,7 +95,7 @@ async def test_a_resume_from_the_cache_file_after_a_restart_is_exact(
         resumed = await generate(restarted, frontend.prepare_tokens(prompt), STEPS)
     finally:
         await restarted.stop()
-    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 576
+    assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 600  # the tail
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
 
 
@@ -114,14 +122,17 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
 async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str
 ):
-    first = filler_tokens(1400, seed=35)  # one pass [0, 1400) (chunk 2048), the tail tap at 1344 inside it
+    first = filler_tokens(1400, seed=35)  # one pass [128, 1400) (chunk 2048), the tail tap at 1344 inside it
     edited = first[:1200] + filler_tokens(150, seed=36)  # diverges 200 tokens before the first one's end
     engine = await start_engine(
         micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=6
     )  # room for three hedges and the tail (a hedge never takes the slot the tail needs: room_for_hedge)
     try:
+        # a prompt is hedged only when it resumes from the cache: let `first` resume at 128
+        await generate(engine, frontend.prepare_tokens(first[:130]), 1)
+        before = engine.stats()["snapshot_taps_in_pass"]
         await generate(engine, frontend.prepare_tokens(first), 1)
-        captured = engine.stats()["snapshot_taps_in_pass"]
+        captured = engine.stats()["snapshot_taps_in_pass"] - before
         resumed = await generate(engine, frontend.prepare_tokens(edited), STEPS)
         hedge_bytes = engine.stats()["host_tier_hedge_snapshot_bytes"]
     finally:
@@ -140,12 +151,15 @@ async def test_without_hedges_only_the_tail_is_taken_inside_the_pass(
     engine = await start_engine(
         micro_checkpoint, chunk=2048, host_cache_mib=64, device_snapshot_slots=6, hedges=False
     )
+    prompt = filler_tokens(1400, seed=35)
     try:
-        await generate(engine, frontend.prepare_tokens(filler_tokens(1400, seed=35)), 1)
+        await generate(engine, frontend.prepare_tokens(prompt[:130]), 1)  # so the prompt below resumes
+        before = engine.stats()["snapshot_taps_in_pass"]
+        await generate(engine, frontend.prepare_tokens(prompt), 1)
         stats = engine.stats()
     finally:
         await engine.stop()
-    assert stats["snapshot_taps_in_pass"] == 1  # the prompt tail at 1344; no hedge at 1088, 832 or 320
+    assert stats["snapshot_taps_in_pass"] - before == 1  # the prompt tail at 1344; no hedge at 1088, 832, 320
     assert stats["host_tier_hedge_snapshot_bytes"] == 0
 
 

@@ -34,14 +34,14 @@ async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], max_t
 async def test_a_device_resume_matches_a_cold_run(micro_checkpoint: Path, frontend: Frontend):
     prompt = filler_tokens(900, seed=1)
     cold = await cold_run(micro_checkpoint, frontend, prompt)
-    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    engine = await start_engine(micro_checkpoint, host_cache_mib=64, device_snapshot_copies=True)
     try:
         first = await generate(engine, frontend.prepare_tokens(prompt), 8)
         assert first.accounting.source == "root"
         resumed = await generate(engine, frontend.prepare_tokens(prompt), 64)
         assert resumed.accounting.source == "device"
-        # the prompt-tail tap sits on the block boundary below n - 1
-        assert resumed.accounting.reuse_tokens == (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        # the prompt-tail tap sits at n - 1 (inside a block: it keeps a pending tail of layer inputs)
+        assert resumed.accounting.reuse_tokens == len(prompt) - 1
         assert resumed.tokens == cold.tokens
         assert resumed.first_logprobs == cold.first_logprobs
     finally:
@@ -101,8 +101,7 @@ async def test_re_rendered_history_resumes_from_the_opener_tap(micro_checkpoint:
         reply = frontend.tokenizer.decode(first.tokens, skip_special_tokens=True)
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
         second = await generate(engine, frontend.prepare_chat(messages), 4)
-        assert second.accounting.reuse_tokens == opener // BLOCK_TOKENS * BLOCK_TOKENS
-        assert second.accounting.reuse_tokens >= (prompt1.num_tokens - 1) // 64 * 64 - 64
+        assert second.accounting.reuse_tokens == opener  # the tap lies at the opener's token
     finally:
         await engine.stop()
 
@@ -120,5 +119,34 @@ async def test_an_edit_deep_in_history_resumes_from_the_deepest_ladder_tap(
         edited = [*history[:edit_at], 33, *history[edit_at + 1 :]]
         resumed = await generate(engine, frontend.prepare_tokens(edited), 2)
         assert resumed.accounting.reuse_tokens == max(f for f in taps if f <= edit_at)
+    finally:
+        await engine.stop()
+
+
+async def test_on_a_cpu_a_snapshot_keeps_one_copy_and_its_resume_from_the_host_is_exact(
+    micro_checkpoint: Path, frontend: Frontend
+):
+    """A CPU's snapshot slots and host slabs are one memory: once a snapshot's host image lands, its device
+    copy is dropped and the slot's pages are given back; the resume then reads the host image."""
+    prompt = filler_tokens(900, seed=3)
+    cold = await cold_run(micro_checkpoint, frontend, prompt)
+    engine = await start_engine(micro_checkpoint, host_cache_mib=64)
+    assert not engine.runtime.keep_device_snapshot_copies  # the default on a CPU
+    released = []
+    release = engine.runtime.states.release_pages
+    engine.runtime.states.release_pages = lambda slot: released.append(slot) or release(slot)
+    try:
+        await generate(engine, frontend.prepare_tokens(prompt), 8)
+        await engine._worker.drain_transfers()
+        stats = engine.stats()
+        assert stats["prefix_cache_snapshots"] >= 1
+        assert stats["slots_snapshot"] == 0  # no device copy left beside the host images
+        assert stats["host_tier_bytes"]["snapshot_images"] > 0
+        assert released  # the freed slots' pages went back to the system
+        resumed = await generate(engine, frontend.prepare_tokens(prompt), 64)
+        assert resumed.accounting.source == "host"
+        assert resumed.accounting.reuse_tokens == len(prompt) - 1  # the tail, exact inside its block
+        assert resumed.tokens == cold.tokens
+        assert resumed.first_logprobs == cold.first_logprobs
     finally:
         await engine.stop()

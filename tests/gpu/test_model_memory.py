@@ -10,7 +10,7 @@ from model_testkit import Lane, fresh_memory, prompt_tokens
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
 from hybridcache.gpu.kv_pool import KvPools, pages_for_tokens
 from hybridcache.gpu.model.tolerance import CHUNK_DECOMPOSITION_RTOL
-from hybridcache.gpu.state_slots import StateShape, StateSlots
+from hybridcache.gpu.state_slots import TAIL_ROWS, StateShape, StateSlots
 
 
 def assert_parts_tile_the_image(parts, total: int) -> None:
@@ -27,14 +27,21 @@ def test_state_image_parts_are_named_byte_ranges_in_forward_order(dense_model):
     config = dense_model.config
     layers = [part.layer for part in states.image_parts]
     assert layers == sorted(layers) and set(layers) == set(config.linear_attention_layers)
-    assert [part.name for part in states.image_parts[:2]] == ["layer0.conv", "layer0.recurrent"]
+    assert [part.name for part in states.image_parts[:4]] == [
+        "layer0.conv", "layer0.recurrent", "layer0.tail_rows", "layer0.tail_count"
+    ]
     conv_bytes = config.conv_dim * (config.linear_conv_kernel_dim - 1) * 4
     recurrent_bytes = (
         config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
     )
-    assert states.image_parts[0].nbytes == conv_bytes and states.image_parts[1].nbytes == recurrent_bytes
+    tail_bytes = TAIL_ROWS * config.hidden_size * 4 + 4  # the layer inputs of a pending tail, and its count
+    assert [part.nbytes for part in states.image_parts[:4]] == [
+        conv_bytes, recurrent_bytes, tail_bytes - 4, 4
+    ]
     assert_parts_tile_the_image(states.image_parts, states.image_bytes)
-    assert states.image_bytes == len(config.linear_attention_layers) * (conv_bytes + recurrent_bytes)
+    layers = len(config.linear_attention_layers)
+    assert states.image_bytes == layers * (conv_bytes + recurrent_bytes + tail_bytes)
+    assert states.tail_bytes() == layers * tail_bytes
 
 
 def test_page_bundle_layout_covers_k_and_v_of_every_attention_layer(dense_model):
@@ -54,7 +61,7 @@ def test_recurrent_state_is_fp32_even_in_bf16():
     states = StateSlots([0, 2], 3, shape, torch.bfloat16)
     assert states.conv_planes[0].dtype == torch.bfloat16
     assert all(plane.dtype == torch.float32 for plane in states.recurrent_planes)
-    assert states.image_bytes == 2 * (8 * 3 * 2 + 2 * 4 * 4 * 4)
+    assert states.image_bytes == 2 * (8 * 3 * 2 + 2 * 4 * 4 * 4 + 4)  # no tail rows without a tail width
 
 
 @settings(max_examples=20, deadline=None)

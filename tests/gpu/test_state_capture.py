@@ -68,8 +68,8 @@ def test_a_resume_from_a_captured_state_gives_the_cold_logits_bitwise(model):
     assert torch.equal(resumed, cold[128:])
 
 
-def test_capture_offsets_must_be_positive_multiples_of_64(model):
+def test_capture_offsets_must_be_positive(model):
     memory = fresh_memory(model, num_pages=PAGES, num_slots=2)
-    for offsets in ({0: 1}, {100: 1}):
+    for offsets in ({0: 1}, {-64: 1}):
         with pytest.raises(ValueError), capturing_states(memory.states, 0, offsets):
             pass

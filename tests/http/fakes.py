@@ -66,6 +66,7 @@ class FakeEngine:
     reuse_override: int | None = None
     failure: PlannedFailure | None = None
     extra_stats: dict[str, object] = field(default_factory=dict)
+    integrity_problem: str | None = None
     submissions: list[Submission] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     running: int = 0
@@ -85,6 +86,10 @@ class FakeEngine:
 
     def stats(self) -> dict[str, object]:
         return {"requests_running": self.running, "requests_waiting": 0, **self.extra_stats}
+
+    def check_integrity(self) -> None:
+        if self.integrity_problem is not None:
+            raise AssertionError(self.integrity_problem)
 
     async def start(self) -> None:
         return None

@@ -29,3 +29,10 @@ async def test_stopping_wins_over_degraded(live: LiveServer):
     live.engine.extra_stats = {**JOURNAL_FAILED, "stopping": True}
     status, _ = await get(live, "/health")
     assert status == 503
+
+
+async def test_a_cache_directory_that_stopped_writing_degrades_health_too(live: LiveServer):
+    live.engine.extra_stats = {"cache_dir_error": "cache directory: [Errno 28] No space left on device"}
+    status, body = await get(live, "/health")
+    assert status == 200
+    assert '"status": "degraded"' in body and "No space left" in body

@@ -146,7 +146,7 @@ async def test_second_turn_reports_cached_tokens_from_accounting(live: LiveServe
                    {"role": "user", "content": "Next?"}]
     second = await client.chat.completions.create(model=MODEL, messages=second_turn, max_tokens=4)
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached > 0 and cached % 64 == 0
+    assert cached > 0
 
 
 async def test_cached_tokens_is_exactly_the_engines_reuse_tokens(live: LiveServer):

@@ -86,7 +86,7 @@ async def test_a_second_turn_reports_cached_tokens_openai(server: RealServer):
     follow += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And why cache it?"}]
     second = await chat(server.openai, follow)
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached >= 64 and cached % 64 == 0
+    assert cached >= 64  # the opener tap of the first turn, at its token
     assert cached < second.usage.prompt_tokens
     server.engine.check_integrity()
 

@@ -34,7 +34,9 @@ def test_every_case_resumes_from_its_source_with_the_cold_runs_numbers(bench_lin
     for case in build_cases(200, [[0] * 400] * 8):
         assert bench_lines[f"case.{case.name}.source"] == case.source, case.name
         reused = int(bench_lines[f"case.{case.name}.reuse_tokens"].split()[0])
-        assert reused > 0 and reused % 64 == 0, case.name
+        assert reused > 0, case.name
+        if case.name.startswith(("device.repeat.unaligned", "device.extend.unaligned", "host.", "file.")):
+            assert reused % 64 != 0, case.name  # the tail n - 1, inside a block
         assert bench_lines[f"case.{case.name}.max_logprob_diff"] == "0", case.name
     assert bench_lines["cache_max_logprob_diff"] == "0"
     assert bench_lines["chunking_max_logprob_diff"] == "0"

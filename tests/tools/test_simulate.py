@@ -172,7 +172,7 @@ def test_without_echo_the_prompt_tail_tap_serves(tmp_path):
     trace = load_trace(growing_conversation(tmp_path))
     _, result = run(trace, config(assume_echo=False))
     assert result.counters.echoed_requests == 0
-    assert result.counters.computed_tokens == 200 + 208  # resumes at 192 (the tail tap below n - 1 of turn 0)
+    assert result.counters.computed_tokens == 200 + 201  # resumes at 199 (the tail tap n - 1 of turn 0)
     assert result.bound_tokens == 200 + 200
 
 

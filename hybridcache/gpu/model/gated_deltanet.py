@@ -5,10 +5,11 @@ The layer's memory lives in a state slot: `conv` holds the last `kernel - 1` pre
 slot's state (or zeros for a fresh sequence) and writes the new state back in place; decode does the same
 for a batch of slots at once.
 
-`capturing_states` also copies, during one prefill pass, the state at chosen 64-token sub-chunk boundaries
-inside the pass into other slots (hedge snapshots, `tap_planner`): the state a pass split there would have
-left, taken without splitting it. The request travels beside the forward (a thread-local set for the pass
-on the thread that runs it), so the model's call signature is unchanged.
+`capturing_states` also copies, during one prefill pass, the state at chosen positions inside the pass
+into other slots (snapshots the tap planner places inside a pass): at a 64-token sub-chunk boundary the
+state a pass split there would have left, elsewhere the state at the boundary below plus the inputs since
+(a pending tail), taken without splitting the pass. The request travels beside the forward (a thread-local
+set for the pass on the thread that runs it), so the model's call signature is unchanged.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from hybridcache.gpu.model import cpu_gdn_step
 from hybridcache.gpu.model.delta_rule import CHUNK, chunked_gated_delta_rule, recurrent_gated_delta_rule_
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import gated_rms_norm
-from hybridcache.gpu.model.row_tiles import Product, tiled_linear
+from hybridcache.gpu.model.row_tiles import Product, lane_aligned, tiled_linear
 from hybridcache.gpu.state_slots import SlotRuns, StateSlots
 
 
 class _Capture(NamedTuple):
-    offset: int  # tokens into the pass, a positive multiple of CHUNK
+    offset: int  # tokens into the pass, positive
     conv: torch.Tensor  # the destination slot's views of this layer
     recurrent: torch.Tensor
+    tail_rows: torch.Tensor
+    tail_count: torch.Tensor
 
 
 _pending = threading.local()  # .by_state: data_ptr of the lane slot's recurrent view -> [_Capture]
@@ -43,13 +46,22 @@ _pending = threading.local()  # .by_state: data_ptr of the lane slot's recurrent
 def capturing_states(states: StateSlots, lane_slot: SlotId, targets: Mapping[int, SlotId]) -> Iterator[None]:
     """Within the block, a prefill pass of the lane in `lane_slot` (run on this thread) also writes the
     state after its first `offset` tokens into slot `targets[offset]`, for every Gated DeltaNet layer.
-    Offsets must be positive multiples of CHUNK shorter than the pass. Raises ValueError otherwise."""
-    if any(offset <= 0 or offset % CHUNK for offset in targets):
-        raise ValueError(f"capture offsets must be positive multiples of {CHUNK}, got {sorted(targets)}")
+    Offsets must be positive and shorter than the pass; raises ValueError for one that is not positive.
+
+    The state is written as the pass's sub-chunk structure has it (`StateSlots`): the conv and recurrent
+    state at the sub-chunk boundary at or below the offset plus the layer inputs from there on as a pending
+    tail, so a capture anywhere inside a pass that starts on a block boundary resumes bit-exactly."""
+    if any(offset <= 0 for offset in targets):
+        raise ValueError(f"capture offsets must be positive, got {sorted(targets)}")
+    planes = zip(
+        states.conv_planes, states.recurrent_planes, states.tail_row_planes, states.tail_count_planes
+    )
     by_state = {
-        recurrent[lane_slot].data_ptr(): [_Capture(offset, conv[slot], recurrent[slot])
-                                          for offset, slot in sorted(targets.items())]
-        for conv, recurrent in zip(states.conv_planes, states.recurrent_planes)
+        recurrent[lane_slot].data_ptr(): [
+            _Capture(offset, conv[slot], recurrent[slot], rows[slot], count[slot])
+            for offset, slot in sorted(targets.items())
+        ]
+        for conv, recurrent, rows, count in planes
     }
     _pending.by_state = by_state if targets else None
     try:
@@ -86,8 +98,9 @@ class GatedDeltaNet(NamedTuple):
         sizes = (conv_dim, value_dim, self.value_heads, self.value_heads)
         mixed, z, b, a = product(x, self.in_proj).split(sizes, dim=-1)
         z = z.view(x.shape[0], self.value_heads, self.value_head_dim)
-        log_decay = self.neg_a * F.softplus(a.float() + self.dt_bias)
-        return mixed, z, torch.sigmoid(b), log_decay
+        # [t, Hv] is narrow: lane-aligned, a token's decay and beta do not depend on its row index
+        log_decay = self.neg_a * lane_aligned(F.softplus, a.float() + self.dt_bias)
+        return mixed, z, lane_aligned(torch.sigmoid, b), log_decay
 
     def _split(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split `[t, conv_dim]` into q `[t, Hk, dk]`, k `[t, Hk, dk]`, v `[t, Hv, dv]`."""
@@ -107,28 +120,57 @@ class GatedDeltaNet(NamedTuple):
         return product(normed.reshape(core.shape[0], -1), self.out_proj)
 
     def prefill(
-        self, x: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, fresh: bool
+        self,
+        x: torch.Tensor,
+        conv_state: torch.Tensor,
+        recurrent_state: torch.Tensor,
+        tail_rows: torch.Tensor,
+        tail_count: torch.Tensor,
+        fresh: bool,
     ) -> torch.Tensor:
         """`x [n, hidden]` of one lane -> `[n, hidden]`.
 
-        Mutates `conv_state [conv_dim, kernel-1]` and `recurrent_state [Hv, dk, dv]` (one slot's views) in
-        place; `fresh` means the sequence starts here and the slot's previous contents are ignored.
-        Split-invariant at 64-aligned starts: the rows match a pass that started earlier (`row_tiles`).
+        Mutates the slot's views in place: `conv_state [conv_dim, kernel-1]`, `recurrent_state [Hv, dk, dv]`
+        and the pending tail (`tail_rows [TAIL_ROWS, hidden]`, `tail_count [1]`, see `StateSlots`), which
+        leaves as a plain state at the pass's end (count 0). `fresh` means the sequence starts here and the
+        slot's previous contents are ignored.
+
+        A pending tail of t inputs is computed again in front of the pass: the pass runs as one that started
+        t tokens earlier, on the block boundary, and the first t rows are dropped. Every row then comes out
+        as in a pass that started earlier (`row_tiles`; the delta rule's sub-chunks start at the boundary).
         """
         captures = _captures_for(recurrent_state)
+        pending = 0 if fresh else int(tail_count[0])
+        if pending:
+            x = torch.cat((tail_rows[:pending], x))
         mixed, z, beta, log_decay = self._project(x, tiled_linear)
         history = torch.zeros_like(conv_state) if fresh else conv_state
-        for capture in captures:  # before the slot's history is overwritten below
-            capture.conv.copy_(_conv_history(mixed, history, capture.offset))
+        start_state = torch.zeros_like(recurrent_state) if fresh else recurrent_state
+        into: dict[int, torch.Tensor] = {}
+        same_boundary: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for capture in captures:  # before the slot's state is overwritten below
+            end = pending + capture.offset
+            boundary = end - end % CHUNK
+            capture.conv.copy_(_conv_history(mixed, history, boundary))
+            capture.tail_rows[: end - boundary].copy_(x[boundary:end])
+            capture.tail_count.fill_(end - boundary)
+            if boundary == 0:
+                capture.recurrent.copy_(start_state)
+            elif boundary // CHUNK in into:
+                same_boundary.append((capture.recurrent, into[boundary // CHUNK]))
+            else:
+                into[boundary // CHUNK] = capture.recurrent
         conv_out, tail = causal_conv(mixed, history.transpose(0, 1), self.conv_weight)
         conv_state.copy_(tail.transpose(0, 1))
         q, k, v = self._split(conv_out.float())  # the delta rule is fp32; one conversion for all three
-        into = {capture.offset // CHUNK: capture.recurrent for capture in captures}
         core, final = chunked_gated_delta_rule(
             q, k, v, log_decay, beta, None if fresh else recurrent_state, into or None
         )
+        for target, source in same_boundary:
+            target.copy_(source)
         recurrent_state.copy_(final)
-        return self._output(core, z, x.dtype, tiled_linear)
+        tail_count.zero_()
+        return self._output(core[pending:], z[pending:], x.dtype, tiled_linear)
 
     def decode(
         self, x: torch.Tensor, conv_plane: torch.Tensor, recurrent_plane: torch.Tensor, slots: SlotRuns

@@ -6,7 +6,8 @@ model, so the per-call repacking roughly halves the speed at which weights strea
 does the repacking once, at load time; `linear` computes the same product from either form (the packed and
 plain products are the same kernel on the same numbers: bit-identical results). Decode's products of up to
 `cpu_gemv.MAX_ROWS` rows on a packed weight run a kernel of our own over the same packed bytes instead,
-which streams them about 1.3-1.9x faster than oneDNN's (`cpu_gemv.py`).
+which streams them about 1.3-1.9x faster than oneDNN's (`cpu_gemv.py`). Packed weights are moved onto
+2 MiB pages where the kernel allows (`huge_pages.py`), which streams them about 5 % faster again.
 
 Packing applies only where it pays and exists: a CPU, bf16, and a torch build whose oneDNN has the internal
 reorder op and bf16 support on this CPU. Everywhere else (fp32, fp16, CUDA) weights stay plain tensors and
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hybridcache.gpu import huge_pages
 from hybridcache.gpu.model import cpu_gemv
 from hybridcache.gpu.model.onednn_packing import reorder
 
@@ -29,6 +31,8 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     run `cpu_gemv`'s kernel where that applies.
     """
     packed = reorder(weight)
+    if hasattr(torch.ops.mkldnn, "data_ptr") and hasattr(torch.ops.mkldnn, "_nbytes"):
+        huge_pages.collapse(int(torch.ops.mkldnn.data_ptr(packed)), int(torch.ops.mkldnn._nbytes(packed)))
     cpu_gemv.register(packed)
     return packed
 

@@ -11,7 +11,7 @@ import torch
 
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.mlp import SwiGluMlp
-from hybridcache.gpu.model.row_tiles import Product
+from hybridcache.gpu.model.row_tiles import Product, lane_aligned
 
 
 class MoeBlock(NamedTuple):
@@ -34,5 +34,6 @@ class MoeBlock(NamedTuple):
             expert = self.experts[expert_index]
             expert_out = expert(x[token_index], product) * weights[token_index, rank, None]
             routed.index_add_(0, token_index, expert_out.to(routed.dtype))
-        shared = torch.sigmoid(product(x, self.shared_expert_gate)) * self.shared_expert(x, product)
+        shared_gate = lane_aligned(torch.sigmoid, product(x, self.shared_expert_gate))
+        shared = shared_gate * self.shared_expert(x, product)
         return routed + shared

@@ -81,6 +81,7 @@ class Qwen35Model:
             c.linear_num_value_heads,
             c.linear_key_head_dim,
             c.linear_value_head_dim,
+            c.hidden_size,
         )
         return StateSlots(c.linear_attention_layers, num_slots, shape, self.dtype, self.device)
 
@@ -124,7 +125,12 @@ class Qwen35Model:
             if isinstance(layer.mixer, GatedDeltaNet):
                 i = layer.memory_index
                 mixed = layer.mixer.prefill(
-                    normed, states.conv_planes[i][slot], states.recurrent_planes[i][slot], fresh
+                    normed,
+                    states.conv_planes[i][slot],
+                    states.recurrent_planes[i][slot],
+                    states.tail_row_planes[i][slot],
+                    states.tail_count_planes[i][slot],
+                    fresh,
                 )
             else:
                 planes = (kv.k_planes[layer.memory_index], kv.v_planes[layer.memory_index])

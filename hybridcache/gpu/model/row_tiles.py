@@ -54,6 +54,28 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+LANE_BLOCK = 64
+"""Elements per row that `lane_aligned` pads to: more than one unrolled step of torch's vectorized CPU loops
+(two vectors of 16 fp32 or 32 bf16 lanes), so that no element falls in a loop's scalar remainder."""
+
+
+def lane_aligned(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`function(x)` for an elementwise `function` and a narrow `x [n, w]` (w < LANE_BLOCK), with each row
+    computed in the same vector lanes whatever its index. Pure.
+
+    Torch's elementwise CPU kernels run the transcendental functions (sigmoid, softplus, ...) vectorized
+    over a contiguous tensor and finish its last few elements in a scalar loop, whose results differ in the
+    last bits (measured: fp32 sigmoid and softplus). A `[n, 1]` tensor's row r lies in lane r mod 16, so the
+    same token computed in a pass that starts one position later, or in one that ends a few tokens after
+    it (its row then falls in the scalar remainder), can come out different; padded to LANE_BLOCK elements
+    per row, every row starts a vector and nothing is left to the scalar loop.
+    """
+    rows, width = x.shape
+    padded = x.new_zeros(rows, LANE_BLOCK)
+    padded[:, :width] = x
+    return function(padded)[:, :width]
+
+
 def causal_attention_in_tiles(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
 ) -> torch.Tensor:

@@ -185,9 +185,9 @@ class RequestDriver:
         while computed < n:
             start = computed
             end = min(start + chunk, n)
-            cuts = [p for p in exact if start < p < end]
-            cuts += [p for p in inner if start < p < end and (p - start) % BLOCK_TOKENS]
-            end = min(cuts, default=end)
+            if end < n and end % BLOCK_TOKENS and end - end % BLOCK_TOKENS > start:
+                end -= end % BLOCK_TOKENS  # a pass that does not end the prompt ends on a block boundary
+            end = min((p for p in exact if start < p < end), default=end)
             table_pages = self._grow(lane, end, table_pages)
             due = _taps_due(sorted(exact + inner), flexible, start, end, base, n)
             for position in (p for p in due if p == start):
