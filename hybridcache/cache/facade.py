@@ -32,7 +32,6 @@ from hybridcache.cache.facade_results import (
 )
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.hashing import block_hash
-from hybridcache.cache.hedge_admission import plan_stale_hedges
 from hybridcache.cache.host_eviction import (
     path_sharers,
     plan_host_room,
@@ -55,7 +54,6 @@ class CacheStats:
         "evicted_device_events",
         "evicted_host_events",
         "hedge_writes_refused",
-        "stale_hedges_dropped",
         "taps_skipped_no_slot",
         "written_back_blocks",
     )
@@ -67,7 +65,6 @@ class CacheStats:
         self.evicted_device_events = 0
         self.evicted_host_events = 0
         self.hedge_writes_refused = 0  # hedge images kept off the host (hedge_admission.py)
-        self.stale_hedges_dropped = 0  # hedges deleted once a later request resumed past them
 
 
 _SNAPSHOT_EVENTS = (
@@ -199,9 +196,6 @@ class Cache(PublicationCalls):
         if snap is not None:
             hit: list[ev.CacheEvent] = [ev.SnapshotRetained(0, snap.id)] if snap.superseded else []
             self._apply_valued([*hit, ev.SnapshotHit(0, snap.id)])
-            stale = plan_stale_hedges(snap)
-            self.stats.stale_hedges_dropped += len(stale)
-            self._apply_valued(stale)
         self._apply(
             ev.LaneStaged(
                 0,

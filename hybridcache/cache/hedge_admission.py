@@ -1,10 +1,10 @@
-"""Hedge snapshots valued against their memory: host admission, the hedge byte budget, early drop. Pure.
+"""Hedge snapshots valued against their memory: host admission and the hedge byte budget. Pure.
 
 A hedge (``SnapshotKind.HEDGE``, tap_planner's HEDGE source) is a state a few hundred to 2,048 tokens
 before a prompt end, kept in case the next request edits or regenerates the prompt's last message. It
 is a bet that usually loses: the next request of the conversation normally extends the prompt and
 resumes at its endpoint. Each image costs a whole state (147 MiB for the 27B-INT8 shape, 19.7 MB for
-``small``), so three rules keep hedges from crowding out what the tier holds for sure:
+``small``), so two rules keep hedges from crowding out what the tier holds for sure:
 
 - **Admission by value.** A hedge's image is written to the host only into free room or over the
   victim host eviction would take anyway (the lowest GDSF H, ``host_eviction.plan_host_room``) when
@@ -19,9 +19,10 @@ resumes at its endpoint. Each image costs a whole state (147 MiB for the 27B-INT
   request diverging between the two.
 - **A byte budget.** The host images of all hedges together stay within ``budget`` bytes; a new hedge
   displaces older hedges worth less than it, or is not written.
-- **Short life.** When a later request resumes at or past a hedge of an earlier request on its path, the
-  hedge did not serve it and the conversation has moved on: it is deleted unless it was ever hit (then
-  it is a branch point that earned its keep). The prompt's own later taps already supersede it.
+
+A hedge is not deleted when a later request of its conversation resumes past it: a prompt's end is
+often a fork point other requests still reach (two sub-agents spawned from one context, a first
+prompt's preamble that other conversations share), so only the budget and host eviction retire it.
 
 Measured with ``hybridcache simulate`` (see the README's simulate section and the hedge-budget notes).
 """
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.ids import BLOCK_TOKENS
-from hybridcache.cache.records import BlockNode, Residency, Snapshot, SnapshotKind
+from hybridcache.cache.records import Residency, Snapshot, SnapshotKind
 
 if TYPE_CHECKING:
     from hybridcache.cache.geometry import CacheGeometry
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 
 _HEDGE = SnapshotKind.HEDGE
 _ABSENT = Residency.ABSENT
-_FILLING = Residency.FILLING
 
 AUTO_HEDGE_IMAGES_PER_LANE = 2
 """``auto`` hedge budget: this many hedge images per lane (--max-concurrency), and never more than
@@ -120,28 +120,3 @@ def plan_hedge_budget(
     if victim.device_complete:
         return [ev.SnapshotHostDropped(0, victim.id)]
     return [ev.SnapshotDeleted(0, victim.id)]
-
-
-def plan_stale_hedges(resumed: Snapshot | None) -> list[ev.CacheEvent]:
-    """Delete the never-hit hedges on the path strictly above ``resumed``, the snapshot a request is
-    about to resume from: it resumed past them, so they did not serve it (see the module note). Pure;
-    walks the path from ``resumed``'s anchor to the root."""
-    if resumed is None:
-        return []
-    frontier = resumed.frontier
-    out: list[ev.CacheEvent] = []
-    node: BlockNode | None = resumed.anchor
-    while node is not None:
-        for snap in node.snapshots:
-            if (
-                snap.kind == _HEDGE
-                and snap.hits == 0
-                and not snap.tail_tokens
-                and snap.frontier < frontier
-                and snap.restore_pins == 0
-                and _FILLING
-                not in (snap.device_state, snap.host_state, snap.tail_device_state, snap.tail_host_state)
-            ):
-                out.append(ev.SnapshotDeleted(0, snap.id))
-        node = node.parent
-    return out

@@ -270,7 +270,6 @@ class Engine:
         stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
         stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
         stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
-        stats["stale_hedges_dropped"] = self.cache.stats.stale_hedges_dropped
         states = self.runtime.states
         stats["snapshot_image_bytes"] = states.image_bytes
         stats["snapshot_image_pending_tail_bytes"] = states.tail_bytes()

@@ -52,7 +52,6 @@ COUNTERS = (
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
     Figure("hedge_host_writes_refused", "Hedge snapshots kept off the Host tier: no room worth less than "
            "them, or the hedge budget (--cache-hedge-budget) full of hedges worth more."),
-    Figure("stale_hedges_dropped", "Hedge snapshots dropped unused once a later request resumed past them."),
     Figure("journal_write_errors",
            "Failed writes of the event journal (--event-log); journaling stops at the first."),
     Figure("kv_events_batches_published", "KV-event batches published to routers (--kv-events)."),

@@ -43,7 +43,6 @@ class SimCounters(msgspec.Struct, kw_only=True):
     taps_skipped: int = 0
     hedges_taken: int = 0  # HEDGE taps given a slot (cache/hedge_admission.py)
     hedge_writes_refused: int = 0  # hedge images kept off the host: no room worth less, or the budget
-    stale_hedges_dropped: int = 0  # hedges deleted once a later request resumed past them
     hedge_host_bytes_peak: int = 0  # most host bytes hedge images held at once (sampled at each finish)
     endpoints: int = 0
     evicted_device_blocks: int = 0

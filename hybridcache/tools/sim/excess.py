@@ -6,7 +6,7 @@ anything earlier, bound.py). Every excess token lies in ``(base, d]`` and is cha
 
 - **capacity** (``excess_capacity_tokens``): ``(base, s]``, where ``s`` is the deepest snapshot ever
   published at or before ``d`` on this prompt's path. The cache once held a state there and evicted it
-  (host room, device slots, supersession or a stale-hedge drop): keeping more would have saved them.
+  (host room, device slots or supersession): keeping more would have saved them.
 - **no snapshot near the divergence point** (``excess_placement_tokens``): ``(max(base, s), d]``. No
   snapshot was ever taken closer to where this request diverges: placement (taps, hedges, endpoints),
   not capacity, decides them.

@@ -167,7 +167,6 @@ class Simulation:
                 self._admit()
         stats = self.driver.cache.stats
         self.counters.hedge_writes_refused = stats.hedge_writes_refused
-        self.counters.stale_hedges_dropped = stats.stale_hedges_dropped
         excess = self.excess
         self.counters.excess_capacity_tokens = excess.capacity_tokens
         self.counters.excess_placement_tokens = excess.placement_tokens
