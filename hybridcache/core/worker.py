@@ -32,7 +32,7 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.slots import room_for_hedge
-from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
+from hybridcache.cache.tap_planner import SEMANTIC_PROXIMITY_TOKENS, TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.lanes import LaneState
 from hybridcache.core.requests import Phase, Request
@@ -313,8 +313,8 @@ class Worker:
 
     def _wait_for_sibling(self, request: Request, reuse_tokens: int) -> bool:
         """In-flight prefix coalescing (§12.2): True when a lane still prefilling shares more of this
-        prompt than the cache serves now; that lane then gets an exact tap at the divergence (or keeps a
-        deeper planned one), and this head waits in the FIFO until the snapshot publishes."""
+        prompt than the cache serves now; that lane then gets a tap captured inside its pass at the exact
+        divergence token, and this head waits in the FIFO until the snapshot publishes."""
         prompt = request.prompt
         limit = prompt.num_tokens - 1
         waiting = False
@@ -324,15 +324,10 @@ class Worker:
                 continue
             if sibling.extra_key != prompt.extra_key:
                 continue
-            shared = min(common_prefix_length(prompt.token_ids, sibling.token_ids), limit)
-            target = shared // BLOCK_TOKENS * BLOCK_TOKENS
-            planned = [p for p in lane.exact_taps if p <= shared]
-            if planned and max(planned) >= target:
-                target = max(planned)
-            if target < reuse_tokens + BLOCK_TOKENS or lane.computed >= target:
-                continue  # saves less than a block, or the sibling is past it (its snapshots are quoted)
-            if target not in lane.exact_taps:
-                lane.add_exact_tap(target, boundary=True)
+            target = min(common_prefix_length(prompt.token_ids, sibling.token_ids), limit)
+            if target <= reuse_tokens + SEMANTIC_PROXIMITY_TOKENS or lane.computed >= target:
+                continue  # saves no more than a semantic tap would, or the sibling is past it (quoted)
+            lane.add_inner_tap(target, boundary=True)
             waiting = True
         return waiting
 

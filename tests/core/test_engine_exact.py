@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.core.frontend import Frontend
 from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
 
@@ -104,7 +103,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str
 ):
     shared = filler_tokens(1200, seed=33)
-    fork = 650  # inside a block: the sibling taps the boundary below it
+    fork = 650  # inside a block: the sibling captures its state at that very token
     target = shared[:fork] + filler_tokens(120, seed=34)
     engine = await start_engine(micro_checkpoint, dtype=dtype, chunk=128, host_cache_mib=64)
     try:
@@ -114,7 +113,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
         )
     finally:
         await engine.stop()
-    assert resumed.accounting.reuse_tokens == fork // BLOCK_TOKENS * BLOCK_TOKENS
+    assert resumed.accounting.reuse_tokens == fork
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, target, dtype))
 
 
