@@ -42,23 +42,23 @@ if TYPE_CHECKING:
 _HEDGE = SnapshotKind.HEDGE
 _ABSENT = Residency.ABSENT
 
-AUTO_HEDGE_IMAGES_PER_LANE = 2
-"""``auto`` hedge budget: this many hedge images per lane (--max-concurrency), and never more than
-``AUTO_HEDGE_HOST_SHARE`` of the host tier."""
-
 AUTO_HEDGE_HOST_SHARE = 1 / 16
-"""Largest share of the host tier the ``auto`` budget gives hedges."""
+"""The share of the host tier the ``auto`` budget gives hedges whose images are worth their bytes."""
 
 NEAREST_HEDGE_TOKENS = 256
 """The nearest hedge distance (tap_planner's): the fewest tokens a hedge saves over the prompt's tail."""
 
 
-def auto_hedge_budget(image_bytes: int, lanes: int, host_bytes: int, page_bytes: int) -> int:
+def auto_hedge_budget(image_bytes: int, host_bytes: int, page_bytes: int) -> int:
     """The ``auto`` hedge budget in bytes: 0 when a hedge image takes more host bytes than the KV of the
     ``NEAREST_HEDGE_TOKENS`` it saves (then a hedge saves fewer tokens per host byte than the KV blocks
-    it would displace: the 27B-INT8 shape's image is 71 pages, ``small``'s 25, ``tiny``'s 1.8), else
-    ``AUTO_HEDGE_IMAGES_PER_LANE`` images a lane capped at ``AUTO_HEDGE_HOST_SHARE`` of the tier. With
+    it would displace: the 27B-INT8 shape's image is 71 pages, ``small``'s 25), else
+    ``AUTO_HEDGE_HOST_SHARE`` of the tier (``tiny``'s image, pending tail included, is 3.3 pages). With
     0 hedges stay device-only: they still serve a request that comes while their slot lasts.
+
+    No per-lane count: a hedge is worth keeping as long as a sibling or another conversation can still
+    diverge at it, and a few images per lane let later prompts' hedges displace a sub-agent's spawn
+    point before its next sibling arrives (live, trace_0291).
 
     Measured with ``simulate`` (27B-INT8, 64 GiB, 8 users): the whole WEKA set computes 1.104x the bound
     without hedges and 1.160x with every hedge image on the host; the first 12 files 1.044x without,
@@ -67,17 +67,16 @@ def auto_hedge_budget(image_bytes: int, lanes: int, host_bytes: int, page_bytes:
     """
     if image_bytes > page_bytes * (NEAREST_HEDGE_TOKENS // BLOCK_TOKENS):
         return 0
-    per_lanes = AUTO_HEDGE_IMAGES_PER_LANE * max(lanes, 1) * image_bytes
-    return min(per_lanes, int(host_bytes * AUTO_HEDGE_HOST_SHARE))
+    return int(host_bytes * AUTO_HEDGE_HOST_SHARE)
 
 
-def resolve_hedge_budget(budget: int | str, geometry: CacheGeometry, lanes: int) -> int:
+def resolve_hedge_budget(budget: int | str, geometry: CacheGeometry) -> int:
     """``--cache-hedge-budget`` in bytes: ``auto`` by ``auto_hedge_budget`` for this geometry (a hedge
     image's host bytes, the host tier's), else the number given. Pure."""
     if budget != "auto":
         return int(budget)
     image = geometry.image_slabs * geometry.slab_bytes
-    return auto_hedge_budget(image, lanes, geometry.host_cache_bytes, geometry.page_bytes)
+    return auto_hedge_budget(image, geometry.host_cache_bytes, geometry.page_bytes)
 
 
 def hedge_image_bytes(index: PrefixIndex, snap: Snapshot) -> int:

@@ -90,9 +90,7 @@ class Engine:
             CacheCostModel.default(),
             journal=fan_out(self.journal, self.kv_events),
             host_write=options.cache.host_write,
-            hedge_budget_bytes=resolve_hedge_budget(
-                options.cache.hedge_budget, self.runtime.geometry, options.max_concurrency
-            ),
+            hedge_budget_bytes=resolve_hedge_budget(options.cache.hedge_budget, self.runtime.geometry),
             keep_backed_device_images=self.runtime.keep_device_snapshot_copies,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays

@@ -61,8 +61,8 @@ def _hedges_row(cache: EffectiveCacheOptions) -> str:
     if not cache.prefix_reuse or not cache.hedges:
         return "off"
     if cache.hedge_budget == "auto":
-        return "on, host budget auto (2 images per lane, at most 1/16 of the Host tier; 0 when an image " \
-            "outweighs the KV of 256 tokens)"
+        return "on, host budget auto (1/16 of the Host tier; 0 when an image outweighs the KV of 256 " \
+            "tokens)"
     return f"on, host budget {format_bytes(cache.hedge_budget)}"
 
 

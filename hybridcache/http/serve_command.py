@@ -191,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="BYTES|auto",
         help="host bytes hedge images may hold together (suffix K, M or G; 0 keeps hedges off the Host "
-        "tier; default auto: 2 images per lane, at most 1/16 of the Host tier, or 0 when an image is "
+        "tier; default auto: 1/16 of the Host tier, or 0 when an image is "
         "larger than the KV of 256 tokens)",
     )
 

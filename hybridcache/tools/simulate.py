@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="BYTES|auto",
         help="host bytes hedge images may hold together (suffix K, M or G; as serve's "
-        "--cache-hedge-budget; default auto: 2 images a lane, at most 1/16 of the host tier, or 0 when an "
+        "--cache-hedge-budget; default auto: 1/16 of the host tier, or 0 when an "
         "image is larger than the KV of 256 tokens, as for the 27B shapes)",
     )
     parser.add_argument(

@@ -6,7 +6,6 @@ from cache_factories import IMAGE, checked_cache, geometry, linear_cost, run_req
 
 from hybridcache.cache.hedge_admission import (
     AUTO_HEDGE_HOST_SHARE,
-    AUTO_HEDGE_IMAGES_PER_LANE,
     auto_hedge_budget,
     hedge_host_bytes,
     plan_hedge_budget,
@@ -147,21 +146,20 @@ def test_the_journal_replays_hedges():
     assert [s.kind for s in fresh.snapshots.values()].count(SnapshotKind.HEDGE) == 1
 
 
-def test_auto_budget_is_images_per_lane_capped_by_a_share_of_the_host_tier():
-    image, page = 58_368, 32_768  # tiny: an image is 1.8 pages
-    assert auto_hedge_budget(image, 4, 8 << 30, page) == AUTO_HEDGE_IMAGES_PER_LANE * 4 * image
-    assert auto_hedge_budget(image, 8, 1 << 20, page) == int((1 << 20) * AUTO_HEDGE_HOST_SHARE)
+def test_auto_budget_is_a_share_of_the_host_tier_when_an_image_is_worth_its_bytes():
+    image, page = 106_764, 32_768  # tiny with its pending tail: an image is 3.3 pages
+    assert auto_hedge_budget(image, 8 << 30, page) == int((8 << 30) * AUTO_HEDGE_HOST_SHARE)
+    assert auto_hedge_budget(image, 1 << 20, page) == int((1 << 20) * AUTO_HEDGE_HOST_SHARE)
 
 
 def test_auto_budget_is_zero_when_an_image_outweighs_the_kv_of_the_tokens_a_hedge_saves():
     # small (25 pages) and the 27B-INT8 shape (71 pages): more host bytes than 256 tokens of KV.
-    assert auto_hedge_budget(19_537_920, 4, 8 << 30, 786_432) == 0
-    assert auto_hedge_budget(153_954_304, 8, 64 << 30, 2_162_688) == 0
-    assert auto_hedge_budget(4 * 4096, 2, 1 << 30, 4096) > 0  # exactly the KV of 256 tokens
-    geo = geometry(host_slabs=1 << 20, concurrency=4)
-    image = geo.image_slabs * geo.slab_bytes
-    assert resolve_hedge_budget("auto", geo, 4) == AUTO_HEDGE_IMAGES_PER_LANE * 4 * image
-    assert resolve_hedge_budget(12345, geo, 4) == 12345
+    assert auto_hedge_budget(19_537_920, 8 << 30, 786_432) == 0
+    assert auto_hedge_budget(153_954_304, 64 << 30, 2_162_688) == 0
+    assert auto_hedge_budget(4 * 4096, 1 << 30, 4096) > 0  # exactly the KV of 256 tokens
+    geo = geometry(host_slabs=1 << 20, concurrency=4)  # an image of 3 slabs, 3 pages
+    assert resolve_hedge_budget("auto", geo) == int(geo.host_cache_bytes * AUTO_HEDGE_HOST_SHARE)
+    assert resolve_hedge_budget(12345, geo) == 12345
 
 
 @pytest.mark.parametrize(

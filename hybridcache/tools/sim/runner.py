@@ -103,7 +103,7 @@ class Simulation:
             config.shape.cost,
             tally,
             config.host_write,
-            resolve_hedge_budget(config.hedge_budget, geometry, config.max_concurrency),
+            resolve_hedge_budget(config.hedge_budget, geometry),
         )
         options = derive_tap_options(
             config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
