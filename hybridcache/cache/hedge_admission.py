@@ -52,7 +52,7 @@ NEAREST_HEDGE_TOKENS = 256
 def auto_hedge_budget(image_bytes: int, host_bytes: int, page_bytes: int) -> int:
     """The ``auto`` hedge budget in bytes: 0 when a hedge image takes more host bytes than the KV of the
     ``NEAREST_HEDGE_TOKENS`` it saves (then a hedge saves fewer tokens per host byte than the KV blocks
-    it would displace: the 27B-INT8 shape's image is 71 pages, ``small``'s 25), else
+    it would displace: the 27B-INT8 shape's image is 86 pages, ``small``'s 28), else
     ``AUTO_HEDGE_HOST_SHARE`` of the tier (``tiny``'s image, pending tail included, is 3.3 pages). With
     0 hedges stay device-only: they still serve a request that comes while their slot lasts.
 

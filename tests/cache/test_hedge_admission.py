@@ -153,9 +153,10 @@ def test_auto_budget_is_a_share_of_the_host_tier_when_an_image_is_worth_its_byte
 
 
 def test_auto_budget_is_zero_when_an_image_outweighs_the_kv_of_the_tokens_a_hedge_saves():
-    # small (25 pages) and the 27B-INT8 shape (71 pages): more host bytes than 256 tokens of KV.
-    assert auto_hedge_budget(19_537_920, 8 << 30, 786_432) == 0
-    assert auto_hedge_budget(153_954_304, 64 << 30, 2_162_688) == 0
+    # small (28 pages) and the 27B-INT8 shape (86 pages), pending tails included: more host bytes than
+    # the KV of 256 tokens.
+    assert auto_hedge_budget(21_860_424, 8 << 30, 786_432) == 0
+    assert auto_hedge_budget(184_920_256, 64 << 30, 2_162_688) == 0
     assert auto_hedge_budget(4 * 4096, 1 << 30, 4096) > 0  # exactly the KV of 256 tokens
     geo = geometry(host_slabs=1 << 20, concurrency=4)  # an image of 3 slabs, 3 pages
     assert resolve_hedge_budget("auto", geo) == int(geo.host_cache_bytes * AUTO_HEDGE_HOST_SHARE)

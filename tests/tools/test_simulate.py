@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cache.integrity import check_integrity
+from hybridcache.gpu.state_slots import StateShape, StateSlots
 from hybridcache.tools import simulate as simulate_cli
 from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.excess import ExcessSplit
@@ -19,6 +21,7 @@ from hybridcache.tools.sim.oracle import NEVER, FutureUses
 from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation
 from hybridcache.tools.sim.shapes import SHAPES, get_shape
+from hybridcache.tools.tiny_model.presets import get_preset
 from hybridcache.tools.traces import Trace, load_trace
 
 TINY = get_shape("tiny")
@@ -295,11 +298,33 @@ def test_the_hedge_budget_keeps_hedges_off_the_host(tmp_path):
 def test_model_shapes_match_the_spec():
     big = get_shape("qwen3.5-27b-int8")
     assert big.page_bytes == 2_162_688  # 2.06 MiB per 64 tokens (spec §3.1)
-    assert abs(big.image_bytes / 2**20 - 146.8) < 0.1  # §3.2's 186.8 MiB less 40 MiB of DFlash2
+    # §3.2's 186.8 MiB less 40 MiB of DFlash2, plus 48 pending tails of 63 x 5120 bf16 rows
+    assert abs(big.image_bytes / 2**20 - 176.4) < 0.1
     assert get_shape("qwen3.5-35b-a3b-int8").page_bytes == 675_840  # 0.64 MiB
     assert {"tiny", "small"} <= set(SHAPES)
     with pytest.raises(ValueError, match="unknown model shape"):
         get_shape("nope")
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_a_preset_shape_sizes_its_image_as_the_state_slots_do(name):
+    # pending tail included: simulated host capacity must match a live server's
+    preset = get_preset(name)
+    conv_dim = (
+        2 * preset.linear_num_key_heads * preset.linear_key_head_dim
+        + preset.linear_num_value_heads * preset.linear_value_head_dim
+    )
+    shape = StateShape(
+        conv_dim,
+        preset.linear_conv_kernel_dim - 1,
+        preset.linear_num_value_heads,
+        preset.linear_key_head_dim,
+        preset.linear_value_head_dim,
+        preset.hidden_size,
+    )
+    linear = [i for i, kind in enumerate(preset.layer_types) if kind != "full_attention"]
+    dtype = getattr(torch, preset.default_dtype)
+    assert get_shape(name).image_bytes == StateSlots(linear, 1, shape, dtype).image_bytes
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------
