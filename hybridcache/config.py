@@ -24,6 +24,8 @@ from hybridcache.persistence.file_safety import (
     check_trusted_file,
 )
 
+HedgeBudget = int | Literal["auto"]  # --cache-hedge-budget: bytes, or auto (hedge_admission.py)
+
 DEFAULT_HOST_CACHE_MIB = 8192
 MAX_CONCURRENCY_LIMIT = 8
 DEFAULT_PREFILL_CHUNK = 2048
@@ -54,6 +56,7 @@ class CacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     exact_resume: bool = True  # --inexact-resume sets False: also resume from decode-produced entries
     endpoint_refill: bool = True  # --no-endpoint-refill sets False (core/endpoint_refills.py)
     device_snapshot_copies: bool | None = None  # keep host-backed snapshots' device copies; None: not on CPUs
+    hedge_budget: HedgeBudget = "auto"  # --cache-hedge-budget (host bytes of hedge images)
     prefix_cache_file: str | None = None  # --prefix-cache-file
     event_log: str | None = None  # --event-log
     host_write: HostWrite | None = None  # --host-write (default back, through with --cache-dir)
@@ -89,6 +92,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     exact_resume: bool = True
     endpoint_refill: bool = True
     device_snapshot_copies: bool | None = None  # None: resolved by the runtime from its device
+    hedge_budget: HedgeBudget = "auto"  # auto: resolved by the engine from the image size (hedge_admission)
     prefix_cache_file: str | None
     event_log: str | None
     host_write: HostWrite = HostWrite.BACK
@@ -190,6 +194,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         exact_resume=cache.exact_resume,
         endpoint_refill=cache.endpoint_refill,
         device_snapshot_copies=cache.device_snapshot_copies,
+        hedge_budget=cache.hedge_budget,
         prefix_cache_file=cache_file,
         event_log=event_log,
         host_write=HostWrite(cache.host_write or default_write),
@@ -263,6 +268,9 @@ def _check_cache_fields(cache: CacheOptions) -> None:
         raise OptionError("--cache-tap-ladder", f"must be at least {BLOCK_TOKENS} tokens")
     if cache.tap_min_gap_tokens is not None and cache.tap_min_gap_tokens < 0:
         raise OptionError("--cache-tap-min-gap", "must not be negative")
+    budget = cache.hedge_budget
+    if budget != "auto" and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise OptionError("--cache-hedge-budget", f"must be auto or a number of bytes >= 0, not {budget!r}")
     if cache.host_write is not None and cache.host_write not in list(HostWrite):
         raise OptionError("--host-write", f"must be back or through, not {cache.host_write!r}")
 
@@ -319,3 +327,18 @@ def _checked_endpoint(endpoint: str | None, flag: str) -> str | None:
     if scheme != "tcp" or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise OptionError(flag, f"expected tcp://HOST:PORT, got {endpoint!r}")
     return endpoint
+
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_hedge_budget(text: str) -> HedgeBudget:
+    """``--cache-hedge-budget`` (and ``simulate --hedge-budget``): ``auto``, or bytes with an optional
+    K, M or G suffix (powers of 1024). Pure; raises ValueError with the reason."""
+    value = text.strip()
+    if value.lower() == "auto":
+        return "auto"
+    number, suffix = value.rstrip("KMGkmg"), value[len(value.rstrip("KMGkmg")) :].upper()
+    if suffix not in _SIZE_SUFFIXES or not number.isdigit():
+        raise ValueError(f"wants auto or a number of bytes (suffix K, M or G), not {text!r}")
+    return int(number) * _SIZE_SUFFIXES[suffix]

@@ -144,6 +144,7 @@ class TapTaken(_Event, frozen=True):
     position: int
     slot: int
     boundary: bool = False
+    hedge: bool = False  # published as a SnapshotKind.HEDGE
 
 
 class TapDropped(_Event, frozen=True):

@@ -55,6 +55,7 @@ class CacheStats:
         "endpoints_skipped",
         "evicted_device_events",
         "evicted_host_events",
+        "hedge_writes_refused",
         "taps_skipped_no_slot",
         "written_back_blocks",
     )
@@ -65,6 +66,7 @@ class CacheStats:
         self.endpoints_skipped = 0
         self.evicted_device_events = 0
         self.evicted_host_events = 0
+        self.hedge_writes_refused = 0  # hedge images kept off the host (hedge_admission.py)
 
 
 _SNAPSHOT_EVENTS = (
@@ -97,8 +99,10 @@ class Cache(PublicationCalls):
         host_write: HostWrite = HostWrite.BACK,
         host_copy: Callable[[HostWritePlan], None] | None = None,
         keep_backed_device_images: bool = True,
+        hedge_budget_bytes: int | None = None,
     ) -> None:
         self.index = PrefixIndex(geometry)
+        self.hedge_budget_bytes = hedge_budget_bytes  # None: no budget (hedge_admission.py)
         self.cost = cost or CacheCostModel.default()
         self.journal = journal
         self.stats = CacheStats()

@@ -21,7 +21,13 @@ from hybridcache.cache.facade_results import (
     SlotToSlabs,
     TapResult,
 )
-from hybridcache.cache.host_eviction import estimate_new_priority, plan_supersession
+from hybridcache.cache.hedge_admission import hedge_image_bytes, plan_hedge_budget
+from hybridcache.cache.host_eviction import (
+    density_term,
+    estimate_new_priority,
+    plan_host_room,
+    plan_supersession,
+)
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
 from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
 from hybridcache.cache.slots import plan_snapshot_slot
@@ -41,9 +47,10 @@ class PublicationCalls(_Base):
         lineage = None if la.lineage is None else self.index.snapshots.get(la.lineage)
         return max(la.base, 0 if lineage is None else lineage.frontier)
 
-    def take_tap(self, lane: int, position: int, boundary: bool = False) -> TapResult:
+    def take_tap(self, lane: int, position: int, boundary: bool = False, hedge: bool = False) -> TapResult:
         """Reserve a staging slot for a tap at ``position`` (supersedes the lineage first). Mutates.
-        The engine copies the lane's state into the returned slot; ``slot`` None means skipped."""
+        The engine copies the lane's state into the returned slot; ``slot`` None means skipped. A
+        ``hedge`` tap publishes a ``SnapshotKind.HEDGE`` (hedge_admission.py)."""
         la = self.index.lanes[LaneId(lane)]
         if not la.enabled:
             return TapResult(None, "disabled")
@@ -58,7 +65,7 @@ class PublicationCalls(_Base):
             return TapResult(None, "no snapshot slot")
         slot = self.index.slots.peek_free()
         assert slot is not None
-        self._apply(ev.TapTaken(0, lane, position, slot, boundary))
+        self._apply(ev.TapTaken(0, lane, position, slot, boundary, hedge))
         return TapResult(slot)
 
     def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
@@ -124,7 +131,8 @@ class PublicationCalls(_Base):
             copy = PageCopy(self._lane_page(la, full), tail_page, tail_len)
         self._apply_valued(plan_supersession(index, [la.resumed_from, la.lineage], position))
         value = estimate_new_priority(index, self.cost, position, self._previous_frontier(la), tail_len > 0)
-        kind = SnapshotKind.BOUNDARY if tap.boundary else SnapshotKind.TAP
+        kind = SnapshotKind.HEDGE if tap.hedge else SnapshotKind.TAP
+        kind = SnapshotKind.BOUNDARY if tap.boundary else kind
         sid = index.next_snapshot_id
         self._apply(
             ev.SnapshotPublished(
@@ -305,7 +313,9 @@ class PublicationCalls(_Base):
         total = len(chosen_nodes)
         images: list[Snapshot] = []
         tails: list[Snapshot] = []
-        for snap in snaps:
+        hedge_bytes = 0  # hedge bytes chosen for this batch (hedge_admission.py)
+        # Hedges last: an ordinary snapshot's write is never refused, a hedge's only goes where room is.
+        for snap in sorted(snaps, key=lambda s: s.kind == SnapshotKind.HEDGE):
             if index.snapshots.get(snap.id) is not snap:
                 continue
             image = snap.device_state == Residency.RESIDENT and snap.host_state == Residency.ABSENT
@@ -315,7 +325,14 @@ class PublicationCalls(_Base):
                 and (snap.tail_host_state == Residency.ABSENT)
             )
             need = index.geometry.image_slabs * image + tail
-            if need == 0 or not self._free_host_slabs(total + need):
+            if need == 0:
+                continue
+            if snap.kind == SnapshotKind.HEDGE:
+                if not self._admit_hedge(snap, total + need, hedge_bytes):
+                    self.stats.hedge_writes_refused += 1
+                    continue
+                hedge_bytes += need * index.geometry.slab_bytes
+            elif not self._free_host_slabs(total + need):
                 continue
             total += need
             if image:
@@ -323,6 +340,37 @@ class PublicationCalls(_Base):
             if tail:
                 tails.append(snap)
         return self._open_write(chosen_nodes, images, tails, total)
+
+    def _admit_hedge(self, snap: Snapshot, slabs: int, pending_bytes: int) -> bool:
+        """Make room for a hedge's host write of ``slabs`` (with what the batch already holds) within the
+        hedge budget, only over victims worth less than the hedge (hedge_admission.py). Mutates; False
+        when the hedge is not to be written."""
+        budget = self.hedge_budget_bytes
+        if budget is not None:
+            nbytes = hedge_image_bytes(self.index, snap)
+            while True:
+                events = plan_hedge_budget(self.index, nbytes, pending_bytes, budget, snap.gdsf_h)
+                if events is None:
+                    return False
+                if not events:
+                    break
+                self.stats.evicted_host_events += len(events)
+                self._apply_valued(events)
+            if self.index.snapshots.get(snap.id) is not snap:
+                return False
+        return self._free_host_slabs_below(slabs, snap)
+
+    def _free_host_slabs_below(self, count: int, snap: Snapshot) -> bool:
+        """``_free_host_slabs`` over victims worth less per byte than ``snap`` only (the policy hook the
+        simulator's baselines override). Mutates; False when the room cannot be made so."""
+        while True:
+            events = plan_host_room(self.index, count, denser_than=density_term(snap))
+            if events is None:
+                return False
+            if not events:
+                return True
+            self.stats.evicted_host_events += len(events)
+            self._apply_valued(events)
 
     def _open_write(
         self, nodes: list[BlockNode], images: list[Snapshot], tails: list[Snapshot], total: int

@@ -34,6 +34,9 @@ than ten minutes decide it), so compare policies over several settings: against 
   tempered the same way, so the eviction order does not depend on it).
 - An image write is not refused when the victim is worth more than the new snapshot: a refused write
   leaves the snapshot device-only, and device slot pressure then deleted it (1.47x vs 1.31x on 20 files).
+  Hedges are the exception (hedge_admission.py): their images go only into free room or over victims
+  worth less per byte (``density_term``, H without L), within a hedge byte budget, because a hedge is a
+  bet on an edit that usually never comes.
 - "Exclusive path" counts every node (one slab each, written through or about to be) from the anchor up
   while exactly one snapshot (retained or superseded) lies below it.
 - Why the middle snapshots of a lineage (prompt taps, superseded endpoints) stay valued as they are: while
@@ -96,8 +99,10 @@ def shared_ancestor(snap: Snapshot) -> Snapshot | None:
 
 def valuation_base(snap: Snapshot) -> int:
     """The frontier ``snap`` is valued against (see the module note): its nearest snapshot above while
-    it has dependents, its nearest shared one when it is the newest of its lineage. Pure."""
-    if snap.dependents:
+    it has dependents or is a hedge (a hedge only serves a request diverging between it and the lineage's
+    next snapshot, which its own prompt's tail is about to publish), its nearest shared one when it is
+    the newest of its lineage. Pure."""
+    if snap.dependents or snap.kind == SnapshotKind.HEDGE:
         return ancestor_frontier(snap)
     shared = shared_ancestor(snap)
     return 0 if shared is None else shared.frontier
@@ -155,6 +160,12 @@ def priority(
     saved = cost.prefill_seconds(base, frontier - base) - cost.restore_seconds(index.geometry.image_bytes)
     density = (1 + hits) * max(saved, 0.0) / max(size_bytes, 1)
     return l_base + weight * tempered_density(density)
+
+
+def density_term(snap: Snapshot) -> float:
+    """What ``snap``'s H holds beyond the L it was valued at: its weighted, tempered density (prefill
+    saved per byte held, hits included), without the recency GDSF's L inflation adds. Pure."""
+    return snap.gdsf_h - snap.base_l
 
 
 def value_snapshot(index: PrefixIndex, snap: Snapshot, cost: CacheCostModel) -> float:
@@ -282,10 +293,14 @@ def _unpinned_host(snap: Snapshot) -> bool:
     return snap.restore_pins == 0 and snap.host_state == Residency.RESIDENT
 
 
-def plan_host_room(index: PrefixIndex, slabs_needed: int) -> list[ev.CacheEvent] | None:
+def plan_host_room(
+    index: PrefixIndex, slabs_needed: int, denser_than: float | None = None
+) -> list[ev.CacheEvent] | None:
     """One step toward ``slabs_needed`` free slabs: [] when they are free, None when nothing can be
-    evicted (everything is pinned). A dead-KV step names up to the whole shortfall at once; otherwise
-    the host snapshot with the lowest H goes (see the module note), L rising to its H.
+    evicted (everything is pinned, or with ``denser_than``, the snapshot with the lowest H has a density
+    term of at least that: a hedge's image is admitted only over victims worth less per byte,
+    hedge_admission.py). A dead-KV step names up to the whole shortfall at once; otherwise the host
+    snapshot with the lowest H goes (see the module note), L rising to its H.
     """
     host = index.host
     if host is None:
@@ -299,6 +314,8 @@ def plan_host_room(index: PrefixIndex, slabs_needed: int) -> list[ev.CacheEvent]
     if not candidates:
         return None
     victim = min(candidates, key=lambda s: (s.gdsf_h, s.id))
+    if denser_than is not None and density_term(victim) >= denser_than:
+        return None
     out: list[ev.CacheEvent] = []
     if victim.gdsf_h > index.gdsf_l:
         out.append(ev.GdsfInflated(0, victim.gdsf_h))

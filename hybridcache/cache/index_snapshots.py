@@ -74,7 +74,7 @@ class SnapshotHandlers(_Base):
         if not self.slots.can_add_snapshot_class():
             raise EventRejected("TapTaken: every snapshot slot is in use")
         self.slots.set_role(e.slot, _SLOT_STAGING, e.lane)
-        lane.pending_taps[e.position] = PendingTap(e.position, SlotId(e.slot), e.boundary)
+        lane.pending_taps[e.position] = PendingTap(e.position, SlotId(e.slot), e.boundary, e.hedge)
 
     def _apply_tap_dropped(self, e: ev.TapDropped) -> None:
         lane = self.lane(e.lane)

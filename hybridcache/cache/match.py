@@ -78,7 +78,7 @@ class Quote(msgspec.Struct, frozen=True):
     snapshot: SnapshotId | None
     reuse_tokens: int
     cached_prefix_tokens: int
-    fork_tokens: int  # cached_prefix_tokens where another cached sequence continues differently, else 0
+    fork_tokens: int  # the token where another cached sequence continues differently (fork_point), else 0
     path: tuple[NodeId, ...]  # nodes the lane maps (blocks below reuse_tokens)
     host_only_nodes: tuple[NodeId, ...]
     tail_restore: bool
@@ -175,6 +175,38 @@ def _walk_bytes(
         path.append(child)
         start += width
     return path
+
+
+def fork_point(path: list[BlockNode], prompt: PromptInput) -> int:
+    """The token where the prompt leaves a cached sequence that continues differently: the matched
+    blocks plus the tokens of the next block the prompt shares with the closest child of the path's
+    last node (exact: a capture can sit at any token); 0 when that node has no children. Pure.
+
+    A sequence that leaves the tree inside a block shares that block's leading tokens with its sibling
+    (sub-agents spawned from one context diverge wherever their task text starts), so flooring to the
+    block would leave the next sibling to recompute up to 63 shared tokens."""
+    if not path or not path[-1].children:
+        return 0
+    start = BLOCK_TOKENS * len(path)
+    wanted = pack_tokens(prompt.tokens[start : start + BLOCK_TOKENS])
+    shared = 0
+    for entry in path[-1].children.values():
+        for child in entry if entry.__class__ is list else (entry,):
+            shared = max(shared, _common_prefix_bytes(child.packed_tokens(), wanted) // 4)
+    return start + shared
+
+
+def _common_prefix_bytes(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b``: a binary search over slice comparisons (each one
+    memcmp), so a fork with many children costs a few compares per child. Pure."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def private_pages_for(prompt_tokens: int, output_tokens: int, frontier: int) -> int:
@@ -297,7 +329,7 @@ def quote(index: PrefixIndex, prompt: PromptInput, cost: CacheCostModel) -> Quot
         snapshot=None if snap is None else snap.id,
         reuse_tokens=chosen.frontier,
         cached_prefix_tokens=BLOCK_TOKENS * len(found.path),
-        fork_tokens=BLOCK_TOKENS * len(found.path) if found.path and found.path[-1].children else 0,
+        fork_tokens=fork_point(found.path, prompt),
         path=tuple(n.id for n in found.path[: chosen.frontier // BLOCK_TOKENS]),
         host_only_nodes=tuple(n.id for n in chosen.host_only_nodes),
         tail_restore=chosen.tail_restore,

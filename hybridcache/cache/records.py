@@ -53,6 +53,7 @@ class SnapshotKind(IntEnum):
     ENDPOINT = 1
     OUTPUT_BOUNDARY = 2
     BOUNDARY = 3  # explicit / structural tap: superseded only while the tree below it is one chain
+    HEDGE = 4  # a tail hedge a few hundred tokens before a prompt end (tap_planner): short-lived
 
 
 class LruList(IntEnum):
@@ -315,12 +316,13 @@ class Snapshot(LruLinks):
 class PendingTap:
     """A tap copied into a staging slot, waiting for its anchor blocks to commit (§7.4)."""
 
-    __slots__ = ("boundary", "position", "slot")
+    __slots__ = ("boundary", "hedge", "position", "slot")
 
-    def __init__(self, position: int, slot: SlotId, boundary: bool) -> None:
+    def __init__(self, position: int, slot: SlotId, boundary: bool, hedge: bool = False) -> None:
         self.position = position
         self.slot = slot
         self.boundary = boundary
+        self.hedge = hedge
 
 
 class Lane:

@@ -20,7 +20,9 @@ import msgspec
 
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
+from hybridcache.cache.hedge_admission import resolve_hedge_budget
 from hybridcache.cache.integrity import check_integrity
+from hybridcache.cache.records import SnapshotKind
 from hybridcache.config import EffectiveOptions
 from hybridcache.core.api import PreparedPrompt, RequestError
 from hybridcache.core.cache_report import (
@@ -96,6 +98,7 @@ class Engine:
             CacheCostModel.default(),
             journal=fan_out(self.journal, self.kv_events),
             host_write=options.cache.host_write,
+            hedge_budget_bytes=resolve_hedge_budget(options.cache.hedge_budget, self.runtime.geometry),
             keep_backed_device_images=self.runtime.keep_device_snapshot_copies,
         )
         self.abandon_save = threading.Event()  # set by a further Ctrl+C: the save stops, the old file stays
@@ -319,8 +322,10 @@ class Engine:
         stats.update(CACHE_DIR_OFF_STATS if self.cache_dir is None else self.cache_dir.stats())
         if worker is not None:
             stats.update(worker.counters.as_dict())
-        hedges = () if worker is None else worker.hedge_snapshots
+        hedges = [snap.id for snap in index.snapshots.values() if snap.kind == SnapshotKind.HEDGE]
         stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
+        stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
+        stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
         states = self.runtime.states
         stats["snapshot_image_bytes"] = states.image_bytes
         stats["snapshot_image_pending_tail_bytes"] = states.tail_bytes()

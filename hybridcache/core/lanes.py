@@ -57,10 +57,12 @@ class LaneState:
         self.exact_tokens = self.prompt_len
         self.refill_job: RefillJob | None = None  # what an internal refill lane replays
 
-    def add_exact_tap(self, position: int, boundary: bool) -> None:
-        """Plan one more exact tap (a coalescing target, §12.2). Mutates the plan."""
-        bisect.insort(self.exact_taps, position)
-        self.boundary[position] = boundary
+    def add_inner_tap(self, position: int, boundary: bool) -> None:
+        """Plan one more tap captured inside its pass (a coalescing target, §12.2); a position already
+        planned as an exact or inner tap is only marked ``boundary``. Mutates the plan."""
+        if position not in self.inner_taps and position not in self.exact_taps:
+            bisect.insort(self.inner_taps, position)
+        self.boundary[position] = self.boundary.get(position, False) or boundary
 
     @property
     def generated(self) -> int:

@@ -27,12 +27,12 @@ from hybridcache.cache.facade_results import (
     PublishResult,
     StateSourceKind,
 )
-from hybridcache.cache.ids import BLOCK_TOKENS, SlotId, SnapshotId
+from hybridcache.cache.ids import BLOCK_TOKENS, SlotId
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.slots import room_for_hedge
-from hybridcache.cache.tap_planner import TapOptions, plan_taps, with_fork_hint
+from hybridcache.cache.tap_planner import SEMANTIC_PROXIMITY_TOKENS, TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.endpoint_refills import refill_taps
 from hybridcache.core.lanes import LaneState
@@ -112,7 +112,6 @@ class Worker:
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
-        self.hedge_snapshots: set[SnapshotId] = set()  # published from hedge taps (tap_planner HEDGE)
         self._busy_since_trim = False
         self.refills = RefillScheduler(self)
 
@@ -327,8 +326,8 @@ class Worker:
 
     def _wait_for_sibling(self, request: Request, reuse_tokens: int) -> bool:
         """In-flight prefix coalescing (§12.2): True when a lane still prefilling shares more of this
-        prompt than the cache serves now; that lane then gets an exact tap at the divergence (or keeps a
-        deeper planned one), and this head waits in the FIFO until the snapshot publishes."""
+        prompt than the cache serves now; that lane then gets a tap captured inside its pass at the exact
+        divergence token, and this head waits in the FIFO until the snapshot publishes."""
         prompt = request.prompt
         limit = prompt.num_tokens - 1
         waiting = False
@@ -338,15 +337,10 @@ class Worker:
                 continue
             if sibling.extra_key != prompt.extra_key:
                 continue
-            shared = min(common_prefix_length(prompt.token_ids, sibling.token_ids), limit)
-            target = shared // BLOCK_TOKENS * BLOCK_TOKENS
-            planned = [p for p in lane.exact_taps if p <= shared]
-            if planned and max(planned) >= target:
-                target = max(planned)
-            if target < reuse_tokens + BLOCK_TOKENS or lane.computed >= target:
-                continue  # saves less than a block, or the sibling is past it (its snapshots are quoted)
-            if target not in lane.exact_taps:
-                lane.add_exact_tap(target, boundary=True)
+            target = min(common_prefix_length(prompt.token_ids, sibling.token_ids), limit)
+            if target <= reuse_tokens + SEMANTIC_PROXIMITY_TOKENS or lane.computed >= target:
+                continue  # saves no more than a semantic tap would, or the sibling is past it (quoted)
+            lane.add_inner_tap(target, boundary=True)
             waiting = True
         return waiting
 
@@ -508,7 +502,8 @@ class Worker:
         if frontier in lane.hedge_taps and not room_for_hedge(self.cache.index):
             lane.taps_skipped += 1  # a hedge never takes the slot the lane's tail will need
             return None
-        result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False))
+        hedge = frontier in lane.hedge_taps
+        result = self.cache.take_tap(lane.lane_id, frontier, lane.boundary.get(frontier, False), hedge)
         if result.slot is None:
             lane.taps_skipped += 1
             return None
@@ -523,18 +518,8 @@ class Worker:
         result = self.cache.commit_blocks(lane.lane_id, committed, prompt.block_hashes, extras, exact)
         self.counters.blocks_made_exact += result.made_exact
         published = self.cache.publish_ready_taps(lane.lane_id, committed, exact)
-        self._note_hedges(lane, published)
         self._apply_publication(published)
         return result
-
-    def _note_hedges(self, lane: LaneState, published: PublishResult) -> None:
-        """Remember which snapshots are hedges (their host bytes are reported apart); forgets the deleted
-        ones once the set has grown past twice the cache's snapshots."""
-        hedges = self.hedge_snapshots
-        hedges.update(tap.snapshot for tap in published.published if tap.position in lane.hedge_taps)
-        live = self.cache.index.snapshots
-        if len(hedges) > 2 * len(live) + 64:
-            hedges.intersection_update(live)
 
     def _apply_publication(self, result: PublishResult) -> None:
         for tap in result.published:

@@ -55,6 +55,8 @@ COUNTERS = (
     Figure("blocks_made_exact", "Decode-produced KV blocks whose copies an exact prefill replaced."),
     Figure("snapshot_taps_skipped_no_slot", "Taps skipped for want of a free device snapshot slot."),
     Figure("endpoint_snapshots_skipped", "Request-end snapshots not kept."),
+    Figure("hedge_host_writes_refused", "Hedge snapshots kept off the Host tier: no room worth less than "
+           "them, or the hedge budget (--cache-hedge-budget) full of hedges worth more."),
     Figure("journal_write_errors",
            "Failed writes of the event journal (--event-log); journaling stops at the first."),
     Figure("kv_events_batches_published", "KV-event batches published to routers (--kv-events)."),
@@ -87,6 +89,8 @@ GAUGES = (
     Figure("host_tier_hedge_snapshot_bytes",
            "Host bytes of hedge snapshots, taken a few hundred tokens before prompt ends "
            "(part of host_tier_bytes)."),
+    Figure("host_tier_hedge_budget_bytes",
+           "Host bytes hedge images may hold together (--cache-hedge-budget)."),
     Figure("snapshot_image_bytes", "Bytes of one recurrent-state image (device slot or host slabs)."),
     Figure("snapshot_image_pending_tail_bytes",
            "Bytes of one image that hold a pending tail: the Gated DeltaNet layer inputs since the block "

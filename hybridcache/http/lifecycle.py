@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from hybridcache import __version__
-from hybridcache.config import EffectiveOptions, OptionError
+from hybridcache.config import EffectiveCacheOptions, EffectiveOptions, OptionError
 from hybridcache.http.app import create_app
 from hybridcache.http.server_options import ServerOptions
 from hybridcache.http.startup_checks import bind_error
@@ -46,6 +46,7 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("max_new_taps", cache.max_new_taps),
         ("tap_ladder_tokens", cache.tap_ladder_tokens),
         ("tap_min_gap_tokens", cache.tap_min_gap_tokens),
+        ("hedges", _hedges_row(cache)),
         ("prefix_cache_file", cache.prefix_cache_file or "none"),
         ("event_log", cache.event_log or "none"),
         ("cache_dir", cache.cache_dir or "none"),
@@ -53,6 +54,16 @@ def startup_ledger(options: EffectiveOptions, server: ServerOptions) -> list[tup
         ("api_keys", len(server.api_keys)),
         ("default_max_tokens", server.default_max_tokens),
     ]
+
+
+def _hedges_row(cache: EffectiveCacheOptions) -> str:
+    """The ledger's hedge row: off, or the host budget of hedge images (auto is sized by the engine)."""
+    if not cache.prefix_reuse or not cache.hedges:
+        return "off"
+    if cache.hedge_budget == "auto":
+        return "on, host budget auto (1/16 of the Host tier; 0 when an image outweighs the KV of 256 " \
+            "tokens)"
+    return f"on, host budget {format_bytes(cache.hedge_budget)}"
 
 
 def _exit_after_save(save_finished: threading.Event) -> None:

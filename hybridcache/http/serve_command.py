@@ -16,7 +16,9 @@ from hybridcache.config import (
     DEFAULT_PREFILL_CHUNK,
     CacheOptions,
     EngineOptions,
+    HedgeBudget,
     OptionError,
+    parse_hedge_budget,
     resolve_options,
 )
 from hybridcache.http.server_options import DEFAULT_MAX_TOKENS, ServerOptions
@@ -200,6 +202,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not re-prefill finished requests' generated tokens while idle (that makes their blocks "
         "and a snapshot at their end exact)",
     )
+    cache.add_argument(
+        "--cache-hedge-budget",
+        type=_hedge_budget,
+        default="auto",
+        metavar="BYTES|auto",
+        help="host bytes hedge images may hold together (suffix K, M or G; 0 keeps hedges off the Host "
+        "tier; default auto: 1/16 of the Host tier, or 0 when an image is "
+        "larger than the KV of 256 tokens)",
+    )
+
+
+def _hedge_budget(text: str) -> HedgeBudget:
+    try:
+        return parse_hedge_budget(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
@@ -223,6 +241,7 @@ def engine_options_from_args(args: argparse.Namespace) -> EngineOptions:
             hedges=not args.no_cache_hedges,
             exact_resume=not args.inexact_resume,
             endpoint_refill=not args.no_endpoint_refill,
+            hedge_budget=args.cache_hedge_budget,
             prefix_cache_file=args.prefix_cache_file,
             event_log=args.event_log,
             cache_dir=args.cache_dir,

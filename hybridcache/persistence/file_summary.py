@@ -43,6 +43,7 @@ class FileSummary(msgspec.Struct, frozen=True):
     saved_seq: int
     saved_unix: float
     kinds: dict[str, KindTotals]  # blocks, images, tails
+    hedges: KindTotals  # hedge snapshots (cache/hedge_admission.py): their images and tails, in the above
     host_bytes_needed: int
     block_depths: dict[int, int]  # blocks per depth (block index)
     snapshots: list[SnapshotRow]
@@ -72,6 +73,7 @@ def summarize(path: str, tables: CacheFileTables) -> FileSummary:
         )
         for snap in tables.snapshots
     ]
+    hedge_rows = [row for row in rows if row.kind == kind_name(SnapshotKind.HEDGE)]
     depths = Counter(tree.depth[b.node] for b in tables.blocks)
     return FileSummary(
         path=path,
@@ -86,6 +88,7 @@ def summarize(path: str, tables: CacheFileTables) -> FileSummary:
             "images": KindTotals(len(tables.snapshots), len(tables.snapshots) * image_slabs * slab),
             "tails": KindTotals(tails, tails * slab),
         },
+        hedges=KindTotals(len(hedge_rows), sum(row.bytes for row in hedge_rows)),
         host_bytes_needed=tables.total_slabs * slab,
         block_depths=dict(sorted(depths.items())),
         snapshots=rows,

@@ -35,7 +35,9 @@ the snapshot table, one row per recurrent-state snapshot in the file:
   id        the snapshot's id (for --decode snapshot:ID)
   frontier  the prompt position it resumes at, in tokens (64 * path + tail)
   kind      where it was taken: tap (a ladder point during prefill), boundary (a message or system
-            boundary, an explicit breakpoint), endpoint (the end of a request: prompt and output)
+            boundary, an explicit breakpoint), endpoint (the end of a request: prompt and output),
+            hedge (a few hundred to 2,048 tokens before a prompt end, for an edit of its last
+            message; the "of which hedges" line totals their bytes)
   hits      how many requests resumed from it
   H         its host-eviction value (GDSF: L + hits-weighted prefill seconds saved per byte held);
             the host tier evicts the lowest H first
@@ -107,6 +109,8 @@ def format_summary(summary: FileSummary, rows: list[SnapshotRow]) -> str:
         f"host tier     {_mib(summary.host_bytes_needed)} needed to restore everything",
         "kind          count        bytes",
         *(f"  {name:<10} {t.count:>7} {_mib(t.bytes):>12}" for name, t in summary.kinds.items()),
+        f"  of which hedges {summary.hedges.count} snapshots, {_mib(summary.hedges.bytes)} "
+        "(images and tails)",
         "block depths  " + _histogram(summary.block_depths),
         f"snapshots     {len(rows)}",
         _TABLE_HEADER,

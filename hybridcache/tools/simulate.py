@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from hybridcache.cache.write_back import HostWrite
+from hybridcache.config import HedgeBudget, parse_hedge_budget
 from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.report import (
     SweepPoint,
@@ -62,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan hedge taps a few hundred to 2,048 tokens before each prompt end (as serve does)",
     )
     parser.add_argument(
+        "--hedge-budget",
+        type=_hedge_budget,
+        default="auto",
+        metavar="BYTES|auto",
+        help="host bytes hedge images may hold together (suffix K, M or G; as serve's "
+        "--cache-hedge-budget; default auto: 1/16 of the host tier, or 0 when an "
+        "image is larger than the KV of 256 tokens, as for the 27B shapes)",
+    )
+    parser.add_argument(
         "--host-write",
         default=HostWrite.BACK.value,
         choices=[w.value for w in HostWrite],
@@ -103,7 +113,15 @@ def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfi
         assume_echo=args.assume_echo,
         host_write=HostWrite(args.host_write),
         hedges=args.hedges,
+        hedge_budget=args.hedge_budget,
     )
+
+
+def _hedge_budget(text: str) -> HedgeBudget:
+    try:
+        return parse_hedge_budget(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _sweep_budgets(text: str | None) -> list[int]:

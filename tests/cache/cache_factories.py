@@ -79,10 +79,12 @@ def run_request(
     taps: Sequence[int] = (),
     land: bool = True,
     output_tokens: int = 64,
+    hedges: Sequence[int] = (),
 ):
     """Quote, stage, activate, prefill (taps at chunk boundaries), decode ``generated``, finish.
 
-    Lands every restore and write batch at once when ``land``. Returns (quote, staged, finish result).
+    ``hedges``: tap positions taken as hedges (cache/hedge_admission.py). Lands every restore and write
+    batch at once when ``land``. Returns (quote, staged, finish result).
     """
     quoted = cache.quote(prompt(toks, output_tokens))
     assert quoted.readiness == Readiness.READY, quoted
@@ -91,9 +93,9 @@ def run_request(
     if land and staged.restore is not None:
         cache.restore_done(staged.restore.batch)
     writes = []
-    for position in [*sorted(taps), len(toks)]:  # prefill chunk by chunk, tapping at chunk ends
+    for position in [*sorted({*taps, *hedges}), len(toks)]:  # prefill chunk by chunk, tapping at chunk ends
         if position < len(toks) and position > quoted.reuse_tokens:
-            cache.take_tap(lane, position)
+            cache.take_tap(lane, position, hedge=position in hedges)
         cache.commit_blocks(lane, toks[:position])
         published = cache.publish_ready_taps(lane, toks[:position])
         if published.write is not None:

@@ -85,3 +85,13 @@ def test_candidates_with_a_filling_block_are_skipped():
     assert other.snapshot is None and other.reuse_tokens == 0
     cache.restore_done(resumed.restore.batch)
     assert cache.quote(prompt([*history, 3, 4])).snapshot == first.endpoint
+
+
+def test_the_fork_point_is_the_exact_token_where_a_cached_sibling_continues_differently():
+    cache = checked_cache()
+    context = tokens(200, seed=1)
+    run_request(cache, context + tokens(100, seed=2), lane=0)  # the first sub-agent: blocks 0-3 cached
+    second = context + tokens(90, seed=3)  # leaves the tree inside block 3, 8 tokens in
+    assert cache.quote(prompt(second)).fork_tokens == 200
+    assert cache.quote(prompt(context + tokens(100, seed=2) + tokens(40, seed=4))).fork_tokens == 0
+    assert cache.quote(prompt(tokens(300, seed=5))).fork_tokens == 0  # nothing shared: no fork

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.core.frontend import Frontend
 from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
 
@@ -104,7 +103,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str
 ):
     shared = filler_tokens(1200, seed=33)
-    fork = 650  # inside a block: the sibling taps the boundary below it
+    fork = 650  # inside a block: the sibling captures its state at that very token
     target = shared[:fork] + filler_tokens(120, seed=34)
     engine = await start_engine(micro_checkpoint, dtype=dtype, chunk=128, host_cache_mib=64)
     try:
@@ -114,7 +113,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
         )
     finally:
         await engine.stop()
-    assert resumed.accounting.reuse_tokens == fork // BLOCK_TOKENS * BLOCK_TOKENS
+    assert resumed.accounting.reuse_tokens == fork
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, target, dtype))
 
 
@@ -172,3 +171,30 @@ def test_the_serve_flag_turns_hedges_off():
     add_arguments(parser)
     assert engine_options_from_args(parser.parse_args([])).cache.hedges
     assert not engine_options_from_args(parser.parse_args(["--no-cache-hedges"])).cache.hedges
+
+
+def test_the_serve_flag_sets_the_hedge_budget_and_the_ledger_shows_it():
+    import argparse
+
+    import msgspec
+
+    from hybridcache.config import OptionError, resolve_options
+    from hybridcache.http.lifecycle import startup_ledger
+    from hybridcache.http.serve_command import add_arguments, engine_options_from_args
+    from hybridcache.http.server_options import ServerOptions
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = engine_options_from_args(parser.parse_args([]))
+    assert default.cache.hedge_budget == "auto"
+    given = engine_options_from_args(parser.parse_args(["--cache-hedge-budget", "512M"]))
+    assert given.cache.hedge_budget == 512 << 20
+    rows = dict(startup_ledger(resolve_options(given), ServerOptions()))
+    assert rows["hedges"] == "on, host budget 512.0 MiB"
+    auto = dict(startup_ledger(resolve_options(default), ServerOptions()))["hedges"]
+    assert auto.startswith("on, host budget auto")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cache-hedge-budget", "lots"])
+    bad = msgspec.structs.replace(given, cache=msgspec.structs.replace(given.cache, hedge_budget=-1))
+    with pytest.raises(OptionError, match="--cache-hedge-budget"):
+        resolve_options(bad)

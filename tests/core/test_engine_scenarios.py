@@ -259,7 +259,7 @@ async def test_identical_prompts_arriving_together_prefill_the_shared_prefix_onc
             *(generate(engine, frontend.prepare_tokens(tokens), 4) for _ in range(8))
         )
         assert len({tuple(r.tokens) for r in results}) == 1
-        tail_tap = (len(tokens) - 1) // 64 * 64  # on the block boundary below n - 1
+        tail_tap = len(tokens) - 1  # the coalescing target: the whole shared prefix below n - 1
         assert sorted(r.accounting.reuse_tokens for r in results)[1:] == [tail_tap] * 7
         # one prefill, then each sibling recomputes the tokens past the tail tap
         assert engine.stats()["prefill_tokens"] == len(tokens) + 7 * (len(tokens) - tail_tap)

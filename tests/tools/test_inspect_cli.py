@@ -163,3 +163,26 @@ def test_plain_inspection_never_imports_torch(cache_file: Path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_hedges_are_listed_with_their_bytes(tmp_path: Path, capsys):
+    from cache_factories import checked_cache, flush_and_land, geometry, run_request, tokens
+    from persistence_factories import fill_slabs
+
+    from hybridcache.gpu.host_tier import HostSlabMemory
+
+    cache = checked_cache(geometry(num_pages=96, host_slabs=256, concurrency=2, snapshot_slots=4))
+    memory = HostSlabMemory(cache.index.host)
+    run_request(cache, tokens(300, seed=5), generated=tokens(20, seed=6), hedges=[128])
+    flush_and_land(cache)  # as the engine's stop before a save: the hedge's path goes to the host
+    fill_slabs(cache, memory, 5)
+    path = tmp_path / "hedged.bin"
+    save(path, cache, memory)
+    code, out, _ = inspect_cli(capsys, path, "--json")
+    summary = json.loads(out)
+    assert code == 0
+    assert summary["hedges"] == {"count": 1, "bytes": 3 * 4096}
+    assert [row["kind"] for row in summary["snapshots"]].count("hedge") == 1
+    code, out, _ = inspect_cli(capsys, path)
+    assert "of which hedges 1 snapshots, 0.01 MiB" in out
+    assert " hedge " in out

@@ -7,17 +7,21 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridcache.cache.integrity import check_integrity
+from hybridcache.gpu.state_slots import StateShape, StateSlots
 from hybridcache.tools import simulate as simulate_cli
 from hybridcache.tools.sim.bound import InfiniteCacheBound
+from hybridcache.tools.sim.excess import ExcessSplit
 from hybridcache.tools.sim.material import build_material, chain_hashes
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation
 from hybridcache.tools.sim.shapes import SHAPES, get_shape
+from hybridcache.tools.tiny_model.presets import get_preset
 from hybridcache.tools.traces import Trace, load_trace
 
 TINY = get_shape("tiny")
@@ -87,6 +91,15 @@ def assert_accounting_adds_up(result: SimResult, trace: Trace) -> None:
     assert c.computed_tokens >= c.requests  # at least one token each
     assert (c.restored_kv_bytes > 0) == (c.reused_tokens_host_kv > 0)  # KV back from the host is reused
     assert (c.host_resumed_requests > 0) == (c.restored_kv_bytes + c.restored_state_bytes > 0)
+
+
+def assert_excess_is_split(result: SimResult) -> None:
+    """Every request's tokens past its own bound are charged to capacity or placement (sim/excess.py);
+    a request can only fall below its bound, never the split below zero."""
+    c = result.counters
+    assert c.excess_capacity_tokens >= 0 and c.excess_placement_tokens >= 0
+    assert c.excess_capacity_tokens + c.excess_placement_tokens >= c.computed_tokens - result.bound_tokens
+    assert c.excess_capacity_requests <= c.requests and c.excess_placement_requests <= c.requests
 
 
 def assert_restores_split_kv_from_state(result: SimResult, cfg: SimConfig) -> None:
@@ -246,6 +259,37 @@ def test_random_conversations_never_beat_the_bound(tmp_path_factory, turns, poli
     sim, result = run(trace, config(policy, assume_echo=echo, host_cache_mib=2, device_pages=64))
     assert_accounting_adds_up(result, trace)
     assert_at_or_above_bound(result)
+    assert_excess_is_split(result)
+    check_integrity(sim.driver.cache.index)
+
+
+def test_excess_split_by_hand(tmp_path):
+    trace = load_trace(write_weka(tmp_path / "one.json", [weka_request(0.0, 640, 4, list(range(1, 11)))]))
+    material = build_material(trace.conversations[0].requests[0], None, False, 0)
+    split = ExcessSplit()
+    # Resumed at 64 where the divergence point is 600: no snapshot was ever taken in (64, 600].
+    split.charge(material, 640 - 64, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (0, 536)
+    # A snapshot once stood at 448 (after block 7) and another with a 5-token tail at 517: a request
+    # that resumed at 64 lost 453 tokens to eviction and 83 to placement; one past the bound loses none.
+    split.published(int(material.block_hashes[6]), ())
+    split.published(int(material.block_hashes[7]), tuple(material.tokens[512:517].tolist()))
+    split.published(int(material.block_hashes[8]), tuple(range(3)))  # not this prompt's tokens
+    split.charge(material, 640 - 64, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (453, 536 + 83)
+    assert (split.capacity_requests, split.placement_requests) == (1, 2)
+    split.charge(material, 40, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (453, 619)
+
+
+def test_the_hedge_budget_keeps_hedges_off_the_host(tmp_path):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    _, free = run(trace, config(hedge_budget=1 << 40))
+    sim, none = run(trace, config(hedge_budget=0))
+    assert free.counters.hedges_taken > 0 and free.counters.hedge_host_bytes_peak > 0
+    assert none.counters.hedge_host_bytes_peak == 0
+    assert none.counters.hedge_writes_refused >= 1
+    assert_accounting_adds_up(none, trace)
     check_integrity(sim.driver.cache.index)
 
 
@@ -254,11 +298,33 @@ def test_random_conversations_never_beat_the_bound(tmp_path_factory, turns, poli
 def test_model_shapes_match_the_spec():
     big = get_shape("qwen3.5-27b-int8")
     assert big.page_bytes == 2_162_688  # 2.06 MiB per 64 tokens (spec §3.1)
-    assert abs(big.image_bytes / 2**20 - 146.8) < 0.1  # §3.2's 186.8 MiB less 40 MiB of DFlash2
+    # §3.2's 186.8 MiB less 40 MiB of DFlash2, plus 48 pending tails of 63 x 5120 bf16 rows
+    assert abs(big.image_bytes / 2**20 - 176.4) < 0.1
     assert get_shape("qwen3.5-35b-a3b-int8").page_bytes == 675_840  # 0.64 MiB
     assert {"tiny", "small"} <= set(SHAPES)
     with pytest.raises(ValueError, match="unknown model shape"):
         get_shape("nope")
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_a_preset_shape_sizes_its_image_as_the_state_slots_do(name):
+    # pending tail included: simulated host capacity must match a live server's
+    preset = get_preset(name)
+    conv_dim = (
+        2 * preset.linear_num_key_heads * preset.linear_key_head_dim
+        + preset.linear_num_value_heads * preset.linear_value_head_dim
+    )
+    shape = StateShape(
+        conv_dim,
+        preset.linear_conv_kernel_dim - 1,
+        preset.linear_num_value_heads,
+        preset.linear_key_head_dim,
+        preset.linear_value_head_dim,
+        preset.hidden_size,
+    )
+    linear = [i for i, kind in enumerate(preset.layer_types) if kind != "full_attention"]
+    dtype = getattr(torch, preset.default_dtype)
+    assert get_shape(name).image_bytes == StateSlots(linear, 1, shape, dtype).image_bytes
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------
@@ -276,6 +342,17 @@ def test_cli_prints_one_name_value_per_line(tmp_path, capsys):
     values = dict(line.split("=", 1) for line in lines)
     assert set(REQUIRED) <= set(values)
     assert values["requests"] == "7" and values["assume_echo"] == "true"
+    assert values["hedge_budget"] == "auto"
+    assert {"excess_capacity_tokens", "excess_placement_tokens", "hedge_writes_refused"} <= set(values)
+
+
+def test_cli_takes_a_hedge_budget(tmp_path, capsys):
+    paths = [str(p) for p in story_traces(tmp_path)]
+    assert simulate_cli.main([*paths, "--model-shape", "tiny", "--hedge-budget", "0"]) == 0
+    values = dict(line.split("=", 1) for line in capsys.readouterr().out.strip().splitlines())
+    assert values["hedge_budget"] == "0" and values["hedge_host_bytes_peak"] == "0"
+    with pytest.raises(SystemExit):
+        simulate_cli.main([*paths, "--hedge-budget", "lots"])
 
 
 def test_cli_sweep_prints_a_table_and_draws_a_png(tmp_path, capsys):

@@ -15,6 +15,7 @@ device (``reused_tokens_host_kv`` 0), which is what the ``lru`` baseline does mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
 
 import msgspec
@@ -40,6 +41,9 @@ class SimCounters(msgspec.Struct, kw_only=True):
     resumed_from_snapshot: int = 0
     taps_taken: int = 0
     taps_skipped: int = 0
+    hedges_taken: int = 0  # HEDGE taps given a slot (cache/hedge_admission.py)
+    hedge_writes_refused: int = 0  # hedge images kept off the host: no room worth less, or the budget
+    hedge_host_bytes_peak: int = 0  # most host bytes hedge images held at once (sampled at each finish)
     endpoints: int = 0
     evicted_device_blocks: int = 0
     evicted_device_snapshot_images: int = 0
@@ -48,6 +52,10 @@ class SimCounters(msgspec.Struct, kw_only=True):
     evicted_host_snapshot_images: int = 0
     deleted_snapshots: int = 0
     model_prefill_seconds: float = 0.0
+    excess_capacity_tokens: int = 0  # computed past the bound: a snapshot once stood nearer (sim/excess.py)
+    excess_placement_tokens: int = 0  # computed past the bound: no snapshot was ever taken nearer
+    excess_capacity_requests: int = 0
+    excess_placement_requests: int = 0
 
 
 def count_eviction(counters: SimCounters, event: ev.CacheEvent) -> None:
@@ -74,11 +82,14 @@ _EVICTION_FIELDS = MappingProxyType(
 class EvictionTally:
     """A journal stand-in for ``Cache(journal=...)``: counts evictions instead of keeping events."""
 
-    __slots__ = ("counters",)
+    __slots__ = ("counters", "on_published")
 
     def __init__(self, counters: SimCounters) -> None:
         self.counters = counters
+        self.on_published: Callable[[ev.SnapshotPublished], None] | None = None  # sim/excess.py's record
 
     def append(self, event: ev.CacheEvent) -> None:
-        """Count ``event`` (mutates the counters)."""
+        """Count ``event`` (mutates the counters); hand a publication to ``on_published``."""
         count_eviction(self.counters, event)
+        if self.on_published is not None and isinstance(event, ev.SnapshotPublished):
+            self.on_published(event)

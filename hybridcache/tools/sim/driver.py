@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.facade_results import FinishResult, HostWritePlan, PublishResult, StaleQuote
+from hybridcache.cache.hedge_admission import hedge_host_bytes
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
@@ -205,11 +206,13 @@ class RequestDriver:
         if position in self._hedges and not room_for_hedge(self.cache.index):
             self.counters.taps_skipped += 1  # as the worker: a hedge never takes the tail's slot
             return
-        result = self.cache.take_tap(lane, position, boundary)
+        hedge = position in self._hedges
+        result = self.cache.take_tap(lane, position, boundary, hedge)
         if result.slot is None:
             self.counters.taps_skipped += 1
         else:
             self.counters.taps_taken += 1
+            self.counters.hedges_taken += hedge
 
     def _grow(self, lane: int, end: int, table_pages: int) -> int:
         need = -(-end // BLOCK_TOKENS) - table_pages
@@ -250,12 +253,15 @@ class RequestDriver:
             self.counters.endpoints += 1
             active.snapshots.append(result.endpoint)
         touch(cache, path, active.snapshots)
+        held = hedge_host_bytes(cache.index)
+        self.counters.hedge_host_bytes_peak = max(self.counters.hedge_host_bytes_peak, held)
         self.free_lanes.append(lane)
 
     def _finish_aligned(self, lane: int, view: TokenView, snapshots: list[SnapshotId]) -> FinishResult:
         """``align``: one tap at the last block boundary reached, published, then a plain release."""
         cache = self.cache
         aligned = len(view) // BLOCK_TOKENS * BLOCK_TOKENS
+        self._hedges = set()  # the aligned tap is never a hedge
         if aligned > cache.index.lanes[LaneId(lane)].base:
             self._take_tap(lane, aligned, False)
             self._land(cache.publish_ready_taps(lane, view), snapshots)

@@ -91,8 +91,9 @@ class OracleCache(Cache):
         cost: CacheCostModel | None = None,
         journal: list | None = None,
         host_write: HostWrite = HostWrite.BACK,
+        hedge_budget_bytes: int | None = None,
     ) -> None:
-        super().__init__(geometry, cost, journal, host_write)
+        super().__init__(geometry, cost, journal, host_write, hedge_budget_bytes=hedge_budget_bytes)
         self.future = FutureUses(())
 
     def _needed_at(self, snap: Snapshot) -> tuple[float, int]:
@@ -118,10 +119,16 @@ class OracleCache(Cache):
         return saved / size / max(when - self.future.position, 1.0), shallower
 
     def _free_host_slabs(self, count: int) -> bool:
+        return self._free_host_slabs_below(count, None)
+
+    def _free_host_slabs_below(self, count: int, snap: Snapshot | None) -> bool:
+        """Host room by the oracle's key; with ``snap`` (a hedge) only over victims worth less than it by
+        that key, as ours admits hedges by H."""
         index = self.index
         host = index.host
         if host is None:
             return False
+        limit = None if snap is None else self._host_victim_key(snap)
         while host.num_free < count:
             dead = dead_victims(index, count - host.num_free)
             if dead:
@@ -132,6 +139,8 @@ class OracleCache(Cache):
                 if not candidates:
                     return False
                 victim = min(candidates, key=lambda s: (self._host_victim_key(s), s.id))
+                if limit is not None and self._host_victim_key(victim) >= limit:
+                    return False
                 events = [ev.SnapshotHostDropped(0, victim.id) if victim.device_complete
                           else ev.SnapshotDeleted(0, victim.id)]
             self.stats.evicted_host_events += len(events)

@@ -49,11 +49,13 @@ def make_cache(
     cost: CacheCostModel,
     journal: list | None = None,
     host_write: HostWrite = HostWrite.BACK,
+    hedge_budget_bytes: int | None = None,
 ) -> Cache:
     """A fresh cache for ``policy`` (``journal``: anything with ``append(event)``); every policy uses the
-    same host write mode (``cache/write_back.py``). Pure constructor."""
+    same host write mode (``cache/write_back.py``) and hedge budget (``cache/hedge_admission.py``). Pure
+    constructor."""
     cls = {Policy.LRU: LruCache, Policy.ORACLE: OracleCache}.get(policy, Cache)
-    return cls(geometry, cost, journal, host_write)
+    return cls(geometry, cost, journal, host_write, hedge_budget_bytes=hedge_budget_bytes)
 
 
 def touch(cache: Cache, path: Sequence[BlockNode], snapshots: Iterable[SnapshotId]) -> None:
@@ -71,8 +73,9 @@ class LruCache(Cache):
         cost: CacheCostModel | None = None,
         journal: list | None = None,
         host_write: HostWrite = HostWrite.BACK,
+        hedge_budget_bytes: int | None = None,
     ) -> None:
-        super().__init__(geometry, cost, journal, host_write)
+        super().__init__(geometry, cost, journal, host_write, hedge_budget_bytes=hedge_budget_bytes)
         self._node_order: OrderedDict[NodeId, None] = OrderedDict()
         self._snapshot_order: OrderedDict[SnapshotId, int] = OrderedDict()
         self._node_tick: dict[NodeId, int] = {}
@@ -127,6 +130,9 @@ class LruCache(Cache):
             self.stats.evicted_host_events += 1
             self._apply(event)
         return True
+
+    def _free_host_slabs_below(self, count: int, snap: Snapshot) -> bool:
+        return self._free_host_slabs(count)  # LRU has no value to compare a hedge with
 
     # ------------------------------------------------------------------ victim choice
     def _next_host_victim(self) -> ev.CacheEvent | None:

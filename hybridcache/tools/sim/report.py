@@ -39,6 +39,7 @@ def result_lines(trace_name: str, trace_format: str, config: SimConfig, result: 
         "assume_echo": config.assume_echo,
         "host_write": config.host_write.value,
         "hedges": config.hedges,
+        "hedge_budget": config.hedge_budget,
         "users": config.users,
         "max_concurrency": config.max_concurrency,
         "host_cache_mib": config.host_cache_mib,

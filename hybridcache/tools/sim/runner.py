@@ -18,12 +18,15 @@ from typing import NamedTuple
 
 import msgspec
 
+from hybridcache.cache.hedge_admission import resolve_hedge_budget
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
 from hybridcache.cache.write_back import HostWrite
+from hybridcache.config import HedgeBudget
 from hybridcache.tools.sim.bound import InfiniteCacheBound
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
+from hybridcache.tools.sim.excess import ExcessSplit
 from hybridcache.tools.sim.material import RequestMaterial, build_material, generated_count
 from hybridcache.tools.sim.oracle import FutureUses, OracleCache
 from hybridcache.tools.sim.policies import Policy, make_cache
@@ -44,6 +47,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     assume_echo: bool = True
     host_write: HostWrite = HostWrite.BACK
     hedges: bool = True  # HEDGE taps near each prompt end (tap_planner)
+    hedge_budget: HedgeBudget = "auto"  # host bytes of hedge images (cache/hedge_admission.py)
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -92,18 +96,23 @@ class Simulation:
         geometry = config.shape.geometry(
             config.device_pages, config.host_cache_mib, config.max_concurrency, config.snapshot_slots()
         )
+        tally = EvictionTally(self.counters)
         cache = make_cache(
             config.policy,
             geometry,
             config.shape.cost,
-            EvictionTally(self.counters),
+            tally,
             config.host_write,
+            resolve_hedge_budget(config.hedge_budget, geometry),
         )
         options = derive_tap_options(
             config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
         )
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
+        self.excess = ExcessSplit()
+        index = cache.index
+        tally.on_published = lambda e: self.excess.published(index.nodes[e.anchor].lookup_hash, e.tail_tokens)
         self.conversations: list[Conversation] = list(trace.conversations)
         self._ordinal_base = _ordinal_bases(self.conversations)
         self._user_of: list[int] = [0] * len(self.conversations)
@@ -156,6 +165,13 @@ class Simulation:
                 self._finish(payload)  # type: ignore[arg-type]
             if not self._events or self._events[0][0] > self.now:
                 self._admit()
+        stats = self.driver.cache.stats
+        self.counters.hedge_writes_refused = stats.hedge_writes_refused
+        excess = self.excess
+        self.counters.excess_capacity_tokens = excess.capacity_tokens
+        self.counters.excess_placement_tokens = excess.placement_tokens
+        self.counters.excess_capacity_requests = excess.capacity_requests
+        self.counters.excess_placement_requests = excess.placement_requests
         return SimResult(
             counters=self.counters,
             bound_tokens=self.bound.tokens,
@@ -188,6 +204,7 @@ class Simulation:
             if material is None:
                 material = self._material(item)
                 self._queue[0] = (item, material)
+            computed_before = driver.counters.computed_tokens
             outcome = driver.admit(material, self._hints(item, material))
             if outcome.outcome == Admission.BLOCKED and not driver.active:
                 driver.counters.requests_infeasible += 1  # nothing will free pages: never fits
@@ -198,7 +215,8 @@ class Simulation:
             if outcome.outcome == Admission.INFEASIBLE:
                 self._advance(item)
                 continue
-            self.bound.observe(material)
+            bound = self.bound.observe(material)
+            self.excess.charge(material, driver.counters.computed_tokens - computed_before, bound)
             self._record_admission(item, material)
             assert outcome.lane is not None
             self._running[outcome.lane] = item

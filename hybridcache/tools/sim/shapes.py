@@ -2,18 +2,22 @@
 
 The Qwen3.5 shapes come from spec §3 (27B: 16 full-attention layers x 4 KV heads, 48 Gated DeltaNet
 layers with 48 value heads; 35B-A3B: 10 x 2 and 30 layers with 32 value heads), INT8-G64 KV (528 bytes
-per token and KV head over K and V, scales included) and a state image without DFlash rings:
+per token and KV head over K and V, scales included) and a state image without DFlash rings, with the
+pending tail gpu/state_slots.py keeps per Gated DeltaNet layer so that a snapshot inside a block is exact
+(``PENDING_TAIL_ROWS`` layer inputs of ``hidden`` in bf16 and an int32 count):
 
-    image = GDN layers x (Hv x 128 x 128 x 4 B recurrent + (2 x 16 x 128 + Hv x 128) x 3 x 2 B conv)
+    image = GDN layers x (Hv x 128 x 128 x 4 B recurrent + (2 x 16 x 128 + Hv x 128) x 3 x 2 B conv
+                          + 63 x hidden x 2 B + 4 B pending tail)
             + hidden x 2 B continuation hidden
-    27B:     48 x (3 MiB + 61,440 B) + 10,240 B = 153,954,304 B (146.8 MiB; spec §3.2's 186.8 MiB less
-             the 40 MiB DFlash2 rings)
-    35B-A3B: 30 x (2 MiB + 49,152 B) +  4,096 B =  64,393,216 B (61.4 MiB)
+    27B:     48 x (3 MiB + 61,440 B + 645,124 B) + 10,240 B = 184,920,256 B (176.4 MiB; spec §3.2's
+             186.8 MiB less the 40 MiB DFlash2 rings, plus the 29.5 MiB pending tail)
+    35B-A3B: 30 x (2 MiB + 49,152 B + 258,052 B) +  4,096 B =  72,134,776 B (68.8 MiB)
 
 The ``tiny`` and ``small`` shapes are computed from our checkpoint presets (tools/tiny_model/presets.py)
 the way gpu/kv_pool.py and gpu/state_slots.py lay them out: a page is 64 tokens x KV heads x head_dim x
 2 (K, V) x full-attention layers in the model dtype; an image is, per linear layer, the conv history
-(conv_dim x 3 in the model dtype) and the fp32 recurrent state.
+(conv_dim x 3 in the model dtype), the fp32 recurrent state and the pending tail (63 x hidden in the model
+dtype and an int32 count).
 
 Costs: 27B uses ``CacheCostModel.qwen35_27b_rtx5090`` (spec §3.3). The other coefficients are ASSUMED
 round numbers (35B-A3B: a quarter of 27B's per-token cost, attention scaled by its smaller attention;
@@ -69,10 +73,20 @@ class ModelShape(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+PENDING_TAIL_ROWS = BLOCK_TOKENS - 1
+"""Layer inputs a pending tail holds (gpu/state_slots.py's TAIL_ROWS; not imported: the simulator runs
+without torch)."""
+
+
+def pending_tail_bytes(hidden: int, dtype_bytes: int) -> int:
+    """One Gated DeltaNet layer's pending tail: the rows and their int32 count. Pure."""
+    return PENDING_TAIL_ROWS * hidden * dtype_bytes + 4
+
+
 def _qwen35_image_bytes(gdn_layers: int, value_heads: int, hidden: int) -> int:
     recurrent = value_heads * 128 * 128 * 4
     conv = (2 * 16 * 128 + value_heads * 128) * 3 * 2
-    return gdn_layers * (recurrent + conv) + hidden * 2
+    return gdn_layers * (recurrent + conv + pending_tail_bytes(hidden, 2)) + hidden * 2
 
 
 INT8_BYTES_PER_TOKEN_HEAD = 528  # INT8-G64, K and V with scales (spec §3.1)
@@ -80,7 +94,7 @@ INT8_BYTES_PER_TOKEN_HEAD = 528  # INT8-G64, K and V with scales (spec §3.1)
 QWEN35_27B_INT8 = ModelShape(
     name="qwen3.5-27b-int8",
     page_bytes=BLOCK_TOKENS * 16 * 4 * INT8_BYTES_PER_TOKEN_HEAD,  # 2,162,688 B = 2.06 MiB
-    image_bytes=_qwen35_image_bytes(48, 48, 5120),  # 153,954,304 B
+    image_bytes=_qwen35_image_bytes(48, 48, 5120),  # 184,920,256 B
     cost=CacheCostModel.qwen35_27b_rtx5090(),
     decode_seconds_per_token=0.015,
     origin="spec §3: 27B, INT8-G64 KV, image without DFlash; cost preset qwen3.5-27b-rtx5090",
@@ -89,7 +103,7 @@ QWEN35_27B_INT8 = ModelShape(
 QWEN35_35B_A3B_INT8 = ModelShape(
     name="qwen3.5-35b-a3b-int8",
     page_bytes=BLOCK_TOKENS * 10 * 2 * INT8_BYTES_PER_TOKEN_HEAD,  # 675,840 B = 0.64 MiB
-    image_bytes=_qwen35_image_bytes(30, 32, 2048),  # 64,393,216 B
+    image_bytes=_qwen35_image_bytes(30, 32, 2048),  # 72,134,776 B
     cost=CacheCostModel(
         token_seconds=4.0e-5,
         pair_seconds=0.7e-9,
@@ -120,7 +134,7 @@ def shape_from_preset(preset: Preset) -> ModelShape:
     return ModelShape(
         name=preset.name,
         page_bytes=page,
-        image_bytes=linear * (conv + recurrent),
+        image_bytes=linear * (conv + recurrent + pending_tail_bytes(preset.hidden_size, dtype_bytes)),
         cost=CacheCostModel.default(),
         decode_seconds_per_token=0.002 if preset.name == "tiny" else 0.005,
         origin=f"our '{preset.name}' checkpoint preset ({preset.default_dtype}); generic cost model",
