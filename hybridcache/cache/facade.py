@@ -36,7 +36,6 @@ from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.hashing import block_hash
 from hybridcache.cache.host_eviction import (
     path_sharers,
-    plan_host_room,
     plan_revalue,
 )
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId, SnapshotId
@@ -167,14 +166,7 @@ class Cache(PublicationCalls):
         return True
 
     def _free_host_slabs(self, count: int) -> bool:
-        while True:
-            events = plan_host_room(self.index, count)
-            if events is None:
-                return False
-            if not events:
-                return True
-            self.stats.evicted_host_events += len(events)
-            self._apply_valued(events)
+        return self._free_host_slabs_below(count, None)
 
     def flush_unpinned(self) -> int:
         """Delete every cached prefix no running request holds (``flush.plan_flush``). Mutates; returns

@@ -360,11 +360,13 @@ class PublicationCalls(_Base):
                 return False
         return self._free_host_slabs_below(slabs, snap)
 
-    def _free_host_slabs_below(self, count: int, snap: Snapshot) -> bool:
-        """``_free_host_slabs`` over victims worth less per byte than ``snap`` only (the policy hook the
-        simulator's baselines override). Mutates; False when the room cannot be made so."""
+    def _free_host_slabs_below(self, count: int, snap: Snapshot | None) -> bool:
+        """Free ``count`` host slabs, over victims worth less per byte than ``snap`` only (any victim when
+        None; the policy hook the simulator's baselines override). Mutates; False when the room cannot be
+        made so."""
         while True:
-            events = plan_host_room(self.index, count, denser_than=density_term(snap))
+            denser_than = None if snap is None else density_term(snap)
+            events = plan_host_room(self.index, count, denser_than=denser_than)
             if events is None:
                 return False
             if not events:
