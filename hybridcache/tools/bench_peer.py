@@ -207,6 +207,7 @@ def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], probe: Ban
         for prompt in runs:
             timing = timed_completion(url, MODEL, prompt, DECODE_TOKENS)
             timings.append(timing)
+            _wait_until_idle(url)
             decode_runs[context].append((timing.decode_tok_s, probe.sustained(timing.decode_s)))
         prefill[context] = max(timing.prefill_tok_s for timing in timings)
         decode[context] = max(timing.decode_tok_s for timing in timings)
@@ -214,6 +215,26 @@ def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], probe: Ban
     time.sleep(RSS_SETTLE_S)
     memory = _rss(pid)
     return SideResult(prefill, decode, rss_idle, memory["VmRSS"], memory["VmHWM"], ratio, decode_runs)
+
+
+def _wait_until_idle(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until our server has no idle-time work left (the endpoint re-prefill of the answer just
+    streamed), so the bandwidth probe and the next prompt find it idle; returns at once for a server without
+    `/v1/cache/stats` (llama-server)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/v1/cache/stats", timeout=5) as response:
+                stats = json.load(response)
+        except (urllib.error.URLError, OSError, ValueError):
+            return
+        if not stats.get("endpoint_refills_pending") and not stats.get("endpoint_refills_running"):
+            return
+        time.sleep(0.05)
 
 
 def _batched_vs_single(url: str) -> float:
@@ -226,6 +247,7 @@ def _batched_vs_single(url: str) -> float:
         return [chooser.randrange(FIRST_PLAIN_TOKEN, LAST_PLAIN_TOKEN) for _ in range(BATCH_PROMPT_TOKENS)]
 
     single = timed_completion(url, MODEL, prompt(), BATCH_DECODE_TOKENS).decode_tok_s
+    _wait_until_idle(url)
     arrivals: list[list[float]] = [[] for _ in range(BATCH_LANES)]
     batch_prompts = [prompt() for _ in range(BATCH_LANES)]
 

@@ -3,12 +3,15 @@ are not started here)."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 import time
 
 import pytest
 
 from hybridcache.tools.bandwidth_probe import BUFFER_BYTES, BandwidthProbe
-from hybridcache.tools.bench_peer import SideResult, _bandwidth_fraction, _best_of, _prompts
+from hybridcache.tools.bench_peer import SideResult, _bandwidth_fraction, _best_of, _prompts, _wait_until_idle
 
 
 def test_rounds_keep_each_sides_best_speeds_and_largest_memory():
@@ -44,3 +47,37 @@ def test_each_round_gets_fresh_prompts_of_the_asked_lengths():
     assert [len(p) for p in first[64] + first[128]] == [64, 64, 128, 128]
     assert first == _prompts([64, 128], 2, seed=1)
     assert first[64][0] != second[64][0] and first[64][0] != first[64][1]
+
+
+def test_the_bench_waits_for_our_servers_idle_work_and_not_for_a_server_without_stats():
+    answers = iter([{"endpoint_refills_pending": 1, "endpoint_refills_running": 0},
+                    {"endpoint_refills_pending": 0, "endpoint_refills_running": 1},
+                    {"endpoint_refills_pending": 0, "endpoint_refills_running": 0}])
+    asked: list[str] = []
+
+    class Stats(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            if self.path != "/v1/cache/stats" or self.server.without_stats:
+                self.send_error(404)
+                return
+            body = json.dumps(next(answers)).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    for without_stats, polls in ((False, 3), (True, 1)):
+        asked.clear()
+        server = http.server.HTTPServer(("127.0.0.1", 0), Stats)
+        server.without_stats = without_stats
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            _wait_until_idle(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=10)
+        finally:
+            server.shutdown()
+        assert asked == ["/v1/cache/stats"] * polls
