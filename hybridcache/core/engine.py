@@ -13,8 +13,10 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -48,6 +50,8 @@ from hybridcache.persistence.fingerprint import make_fingerprint
 from hybridcache.persistence.kv_event_publisher import KV_EVENTS_OFF_STATS, KvEventPublisher
 from hybridcache.persistence.load import load_prefix_cache
 from hybridcache.persistence.save import save_prefix_cache
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -256,31 +260,43 @@ class Engine:
         return False
 
     async def flush_cache(self) -> int:
-        """Drop every cached prefix no running request holds (between two units of the worker, which
-        owns the cache); a running request keeps its path and finishes normally, and what it publishes
-        later is cached as usual. Then the router gets ``AllBlocksCleared`` and what is left. Returns
-        how many subtrees went; raises RequestError("unavailable") when the engine is not running."""
+        """Drop every cached prefix no running request holds, and the endpoint refills (idle-time work on
+        what is going); a running request keeps its path and finishes normally, and what it publishes later
+        is cached as usual. Copies in flight when the flush is asked for land first (a block being copied
+        cannot be deleted). Then the router gets ``AllBlocksCleared`` and what is left. Returns how many
+        subtrees went; raises RequestError("unavailable") when the engine is not running."""
         worker = self._worker
         if worker is None or self._failure is not None or worker.stopping:
             raise RequestError("unavailable", "the engine is not running")
-        flushed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        def flush() -> None:
-            try:
-                count = self.cache.flush_unpinned()
-            except BaseException as error:  # the worker fails on it too: the index is no longer trusted
-                if not flushed.done():
-                    flushed.set_exception(RequestError("internal", f"the cache flush failed: {error}"))
-                raise
-            if not flushed.done():
-                flushed.set_result(count)
-
-        worker.post(flush)
-        count = await flushed
+        await self._on_worker(worker, worker.refills.drop_all)  # a cancelled refill may start host copies
+        await worker.transfers_landed()
+        try:
+            count = await self._on_worker(worker, self.cache.flush_unpinned)
+        except BaseException as error:  # the worker fails on it too: the index is no longer trusted
+            raise RequestError("internal", f"the cache flush failed: {error}") from error
         if self.kv_events is not None:
             self.kv_events.request_resync()
         log.info("prefix cache flushed: %d subtrees dropped", count)
         return count
+
+    @staticmethod
+    async def _on_worker(worker: Worker, action: Callable[[], T]) -> T:
+        """Run ``action`` on the worker between two units (it owns the cache) and return its result; an
+        exception is raised here and on the worker (which then fails: its state is no longer trusted)."""
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            try:
+                result = action()
+            except BaseException as error:
+                if not done.done():
+                    done.set_exception(error)
+                raise
+            if not done.done():
+                done.set_result(result)
+
+        worker.post(run)
+        return await done
 
     # -- reporting ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:

@@ -66,6 +66,13 @@ class RefillScheduler:
         self.jobs.put_back(lane.refill_job)
         worker.finish_lane(lane, "cancelled")
 
+    def drop_all(self) -> None:
+        """Forget every waiting job and cancel the running refill: the cache is being flushed, and what they
+        would make exact goes with it."""
+        self.jobs.pending.clear()
+        if self.lane is not None:
+            self.worker.finish_lane(self.lane, "cancelled")
+
     def after_pass(self, lane: LaneState, tokens: int, final: bool) -> bool:
         """Count a refill pass of ``tokens``; True when it was a refill's (the worker then neither counts
         it as prefill nor samples), finished here after its last pass."""

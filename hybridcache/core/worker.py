@@ -585,6 +585,11 @@ class Worker:
     def _device_failed(self, error: DeviceError) -> None:
         raise error  # raised on the worker: the engine-wide failure path (§6.5 Failure)
 
+    async def transfers_landed(self) -> None:
+        """Wait for the transfers outstanding now; their completions are then in the inbox, ahead of
+        anything posted after this returns."""
+        await asyncio.gather(*list(self._waits), return_exceptions=True)
+
     async def drain_transfers(self) -> None:
         """Wait for every outstanding transfer, then apply their completions."""
         while self._waits:
