@@ -272,7 +272,7 @@ class Engine:
         await worker.transfers_landed()
         try:
             count = await self._on_worker(worker, self.cache.flush_unpinned)
-        except BaseException as error:  # the worker fails on it too: the index is no longer trusted
+        except Exception as error:  # the worker fails on it too: the index is no longer trusted
             raise RequestError("internal", f"the cache flush failed: {error}") from error
         if self.kv_events is not None:
             self.kv_events.request_resync()
