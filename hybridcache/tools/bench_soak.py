@@ -191,13 +191,14 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> dict:
 
 
 async def _settled_stats(session: aiohttp.ClientSession, url: str) -> dict:
-    """/v1/cache/stats once nothing runs, waits or is in flight (or after SETTLE_TIMEOUT_S: then the
-    leak check reports what stayed)."""
+    """/v1/cache/stats once nothing runs, waits or is in flight, idle-time endpoint refills included (a
+    refill holds a lane; or after SETTLE_TIMEOUT_S: then the leak check reports what stayed)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         stats = await _get_json(session, url + "/v1/cache/stats")
         busy = any(stats.get(key) for key in ("requests_running", "requests_waiting",
-                                               "host_writes_in_flight", "restores_in_flight"))
+                                               "host_writes_in_flight", "restores_in_flight",
+                                               "endpoint_refills_pending", "endpoint_refills_running"))
         if not busy or time.monotonic() > deadline:
             return stats
         await asyncio.sleep(0.1)
