@@ -53,6 +53,8 @@ BATCH_PROMPT_TOKENS = 512
 BATCH_DECODE_TOKENS = 128
 WARM_UP_PROMPT_TOKENS = 128
 RSS_SETTLE_S = 2.0  # both servers idle this long before their RSS is read (ours trims its heap when idle)
+# (ours is idle once the endpoint refills of the batched answers have run: read while they run, its RSS
+# holds their passes' activations, 480 MiB more on `small`)
 MODEL = "peer-bench"
 FIRST_PLAIN_TOKEN, LAST_PLAIN_TOKEN = 1000, 200_000  # ordinary vocabulary ids (no special tokens)
 
@@ -212,6 +214,7 @@ def _measure(url: str, pid: int, prompts: dict[int, list[list[int]]], probe: Ban
         prefill[context] = max(timing.prefill_tok_s for timing in timings)
         decode[context] = max(timing.decode_tok_s for timing in timings)
     ratio = _batched_vs_single(url) if batched else None
+    _wait_until_idle(url)
     time.sleep(RSS_SETTLE_S)
     memory = _rss(pid)
     return SideResult(prefill, decode, rss_idle, memory["VmRSS"], memory["VmHWM"], ratio, decode_runs)
