@@ -75,7 +75,49 @@ def test_it_applies_to_bf16_on_the_cpu_only(dense_checkpoint: Path):
     model32 = load_model(dense_checkpoint, dtype=torch.float32)
     layer = model32.layers[0].mixer
     states = model32.new_state_slots(2)
-    mixed = torch.zeros(1, states.conv_planes[0].shape[1])
-    assert not cpu_gdn_step.applies(mixed, states.conv_planes[0], layer.conv_weight)
-    bf16 = mixed.to(torch.bfloat16)
-    assert cpu_gdn_step.applies(bf16, states.conv_planes[0].to(torch.bfloat16), layer.conv_weight.bfloat16())
+    x = torch.zeros(1, layer.out_proj.shape[0])
+    assert not cpu_gdn_step.applies(layer, x, states.conv_planes[0])
+    model16 = load_model(dense_checkpoint, dtype=torch.bfloat16)
+    layer16 = model16.layers[0].mixer
+    assert cpu_gdn_step.applies(layer16, x.to(torch.bfloat16), model16.new_state_slots(2).conv_planes[0])
+
+
+@pytest.mark.parametrize(
+    ("key_heads", "value_heads", "head_dim"),
+    [(1, 1, 8), (2, 4, 128)],
+    ids=["channels-not-a-multiple-of-16", "conv-split-in-blocks"],
+)
+def test_every_conv_path_computes_what_the_torch_form_does(key_heads, value_heads, head_dim, monkeypatch):
+    """Shapes the checkpoints do not have: 24 conv channels (16 vectorized, 8 by the scalar loop) and 768
+    (split in parallel blocks of 512)."""
+    from hybridcache.gpu.model.gated_deltanet import GatedDeltaNet
+
+    generator = torch.Generator().manual_seed(2)
+
+    def weight(*shape, scale=0.2):
+        return (torch.randn(shape, generator=generator) * scale).to(torch.bfloat16)
+
+    hidden, kernel = 64, 4
+    conv_dim = (2 * key_heads + value_heads) * head_dim
+    layer = GatedDeltaNet(
+        in_proj=weight(conv_dim + value_heads * head_dim + 2 * value_heads, hidden),
+        conv_weight=weight(conv_dim, kernel, scale=0.5),
+        neg_a=-torch.rand(value_heads, generator=generator) - 0.1,
+        dt_bias=weight(value_heads),
+        norm_weight=weight(head_dim, scale=1.0),
+        out_proj=weight(hidden, value_heads * head_dim),
+        key_heads=key_heads,
+        value_heads=value_heads,
+        key_head_dim=head_dim,
+        value_head_dim=head_dim,
+        eps=1e-6,
+    )
+    conv = weight(4, conv_dim, kernel - 1, scale=1.0)
+    recurrent = torch.randn(4, value_heads, head_dim, head_dim, generator=generator) * 0.1
+    torch_conv, torch_recurrent = conv.clone(), recurrent.clone()
+    fused = _steps(layer, conv, recurrent, [2, 0], True, monkeypatch)
+    plain = _steps(layer, torch_conv, torch_recurrent, [2, 0], False, monkeypatch)
+    assert torch.equal(conv, torch_conv)
+    assert torch.allclose(recurrent, torch_recurrent, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(fused, plain):
+        assert torch.allclose(got.float(), expected.float(), rtol=2**-7, atol=2**-7)

@@ -180,16 +180,14 @@ class GatedDeltaNet(NamedTuple):
         Reads the states of `slots` (lane b's slot is `slots.index[b]`) from the planes and writes the new
         states back in place.
         """
+        if cpu_gdn_step.applies(self, x, conv_plane):
+            projected = linear(x, self.in_proj)
+            normed = cpu_gdn_step.step(self, projected, conv_plane, recurrent_plane, slots.index)
+            return linear(normed, self.out_proj)
         mixed, z, beta, log_decay = self._project(x)
-        if cpu_gdn_step.applies(mixed, conv_plane, self.conv_weight):
-            core = cpu_gdn_step.step(
-                mixed, conv_plane, self.conv_weight, recurrent_plane, slots.index, log_decay, beta,
-                self.key_heads, self.key_head_dim,
-            )  # fmt: skip
-        else:
-            conv_out = self._conv_step(mixed, conv_plane, slots.index)
-            q, k, v = self._split(conv_out)
-            core = recurrent_gated_delta_rule_(q, k, v, log_decay, beta, recurrent_plane, slots)
+        conv_out = self._conv_step(mixed, conv_plane, slots.index)
+        q, k, v = self._split(conv_out)
+        core = recurrent_gated_delta_rule_(q, k, v, log_decay, beta, recurrent_plane, slots)
         return self._output(core, z, x.dtype)
 
     def _conv_step(self, mixed: torch.Tensor, conv_plane: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
