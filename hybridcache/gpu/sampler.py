@@ -45,7 +45,7 @@ class SampleResult(NamedTuple):
     """One lane's pick: the token, its logprob (penalized, untruncated distribution), top-n alternatives."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None unless the lane asked for logprobs
     top_logprobs: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first; () if not asked
 
 
@@ -110,9 +110,11 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         apply_penalties(scores, params, states)
     tokens = torch.empty(len(params), dtype=torch.long, device=scores.device)
     greedy = [row for row, lane in enumerate(params) if lane.greedy]
-    if greedy:
+    if len(greedy) == len(params):
+        tokens = scores.max(dim=-1).indices  # argmax's first maximum, in half its time on a CPU row of 248k
+    elif greedy:
         index = _index(greedy, scores)
-        tokens[index] = scores[index].argmax(dim=-1)
+        tokens[index] = scores[index].max(dim=-1).indices
     sampling = [row for row, lane in enumerate(params) if not lane.greedy]
     if sampling:
         index = _index(sampling, scores)
@@ -215,20 +217,27 @@ def _inverse_cdf(kept: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 def _results(tokens: torch.Tensor, scores: torch.Tensor,
              params: Sequence[SamplingParams]) -> list[SampleResult]:
-    """Logprobs of the penalized, untruncated distribution: ``score - logsumexp(scores)``."""
-    log_norm = torch.logsumexp(scores, dim=-1, keepdim=True)
-    chosen = (scores.gather(1, tokens.unsqueeze(1)) - log_norm).squeeze(1).tolist()
-    most = max(lane.top_logprobs for lane in params)
-    top_values: list[list[float]] = [[] for _ in params]
-    top_ids: list[list[int]] = [[] for _ in params]
+    """Logprobs of the penalized, untruncated distribution, ``score - logsumexp(scores)``, for the lanes
+    that asked for logprobs (the normalizer is a pass over the whole vocabulary); None for the others."""
+    asking = [row for row, lane in enumerate(params) if lane.logprobs or lane.top_logprobs]
+    token_ids = tokens.tolist()
+    if not asking:
+        return [SampleResult(token, None, ()) for token in token_ids]
+    index = _index(asking, scores)
+    rows = scores[index]
+    log_norm = torch.logsumexp(rows, dim=-1, keepdim=True)
+    chosen = (rows.gather(1, tokens[index].unsqueeze(1)) - log_norm).squeeze(1).tolist()
+    most = max(params[row].top_logprobs for row in asking)
+    top_values: list[list[float]] = [[] for _ in asking]
+    top_ids: list[list[int]] = [[] for _ in asking]
     if most > 0:
-        values, ids = scores.topk(most, dim=-1)
+        values, ids = rows.topk(most, dim=-1)
         top_values, top_ids = (values - log_norm).tolist(), ids.tolist()
-    results = []
-    for row, (token, lane) in enumerate(zip(tokens.tolist(), params)):
-        n = lane.top_logprobs
-        alternatives = tuple(zip(top_ids[row][:n], top_values[row][:n]))
-        results.append(SampleResult(token, chosen[row], alternatives))
+    results = [SampleResult(token, None, ()) for token in token_ids]
+    for position, row in enumerate(asking):
+        n = params[row].top_logprobs
+        alternatives = tuple(zip(top_ids[position][:n], top_values[position][:n]))
+        results[row] = SampleResult(token_ids[row], chosen[position], alternatives)
     return results
 
 

@@ -274,6 +274,24 @@ def test_no_top_logprobs_unless_asked():
     assert isinstance(result, SampleResult)
 
 
+def test_only_the_lanes_that_ask_get_a_logprob():
+    asking, quiet = SamplingParams(temperature=0.0, logprobs=True), SamplingParams(temperature=0.0)
+    logits = random_logits(2, seed=8)
+    results = sample(logits, [quiet, asking], [lane(quiet), lane(asking)])
+    assert results[0].logprob is None
+    expected = torch.log_softmax(logits[1], dim=-1)[results[1].token_id].item()
+    assert results[1].logprob == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("width", [VOCAB, 248_320], ids=["narrow", "a-real-vocabulary"])
+def test_greedy_ties_go_to_the_lowest_token_id_as_argmax_does(width):
+    logits = torch.zeros(2, width)
+    logits[0, [width - 5, 7, width // 2]] = 5.0
+    logits[1, [width - 1, width - 2]] = 1.0
+    params = [SamplingParams(temperature=0.0)] * 2
+    assert [r.token_id for r in sample(logits, params, [lane(p) for p in params])] == [7, width - 2]
+
+
 # --- batching --------------------------------------------------------------------------------------------
 
 MIXED = [
