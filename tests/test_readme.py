@@ -78,5 +78,7 @@ def test_readme_python_snippets_print_text_and_the_second_request_reuses_the_fir
     cached = [int(value) for value in CACHED_TOKENS.findall(output)]
     assert len(cached) >= 2, output
     assert cached[0] == 0 and cached[-1] > 0, output
+    promised = re.search(r"the second prints `cached_tokens: (\d+)`", README.read_text())
+    assert promised and cached[-1] == int(promised.group(1)), "the README says what the second request reuses"
     texts = [line for line in lines if line.strip() and not CACHED_TOKENS.search(line)]
     assert len(texts) >= len(cached), output  # random text may hold newlines, never nothing
