@@ -59,3 +59,11 @@ def test_tiled_attention_in_bfloat16_is_within_rounding_of_float32(end: int, cou
     assert tiled.dtype == torch.bfloat16
     # bf16 keeps 8 bits: each part and the merge round once, so a few units of 2^-8 at most
     assert relative_error(tiled, plain_causal_attention(query, keys, values)) < 4 * 2**-8
+
+
+def test_the_one_call_per_tile_form_that_other_devices_run_is_causal_attention_too():
+    from hybridcache.gpu.model.row_tiles import _masked_tiles
+
+    query, keys, values = random_pass(300, 77, torch.float32)
+    tiled = _masked_tiles(query, keys, values, SCALE)
+    assert relative_error(tiled, plain_causal_attention(query, keys, values)) < 1e-5
