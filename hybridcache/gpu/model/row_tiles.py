@@ -83,21 +83,94 @@ def causal_attention_in_tiles(
     positions `0 .. end`. Shapes: query `[n, H, D]`, keys/values `[end, Hkv, D]` (H a multiple of Hkv);
     returns `[n, H, D]`. Pure.
 
-    Each tile of `ATTENTION_TILE_TOKENS` positions `[t, t + tile)` (t a multiple of the tile) is one call
-    over the keys `[0, t + tile)`, zero-padded past `end`; positions of the tile outside the pass are zero
+    Each tile of `ATTENTION_TILE_TOKENS` positions `[t, t + tile)` (t a multiple of the tile) attends in two
+    calls whose shapes depend on t alone: one over the keys `[0, t)`, which every position of the tile sees
+    (no mask), and one over the tile's own keys `[t, t + tile)` with the causal mask, zero-padded past
+    `end`; the two are merged by their log-sum-exps. Positions of the tile outside the pass are zero
     queries whose rows are dropped. The query heads sharing a KV head attend as that head's rows, so keys
     and values are never repeated per query head.
+
+    Why two calls: a masked call over the whole context costs about twice an unmasked one on the CPU
+    (measured at a 50k-token context, 2048 queries: 10.7 s against 5.9 s), and only the diagonal tile
+    needs a mask. The split needs the kernel's log-sum-exp, which only the CPU kernel returns through a
+    stable call, so other devices keep one masked call per tile (`_masked_tiles`).
     """
+    if query.device.type != "cpu":
+        return _masked_tiles(query, keys, values, scale)
     count, heads, dim = query.shape
     end, kv_heads = keys.shape[0], keys.shape[1]
     start, group, tile = end - count, heads // kv_heads, ATTENTION_TILE_TOKENS
     first, last = start - start % tile, -(-end // tile) * tile
-    padded_keys = keys.new_zeros(last, kv_heads, dim)
-    padded_values = values.new_zeros(last, kv_heads, dim)
-    padded_keys[:end] = keys
-    padded_values[:end] = values
-    k_heads = padded_keys.permute(1, 0, 2).unsqueeze(0)  # [1, Hkv, last, D]
-    v_heads = padded_values.permute(1, 0, 2).unsqueeze(0)
+    k_heads = _heads_first(keys, last)  # [1, Hkv, last, D]
+    v_heads = _heads_first(values, last)
+    diagonal_mask = _diagonal_mask(tile, group, query.dtype, query.device)
+    out = query.new_empty(count, heads, dim)
+    for tile_start in range(first, last, tile):
+        lo, hi = max(start, tile_start), min(end, tile_start + tile)
+        rows = query.new_zeros(tile, heads, dim)
+        rows[lo - tile_start : hi - tile_start] = query[lo - start : hi - start]
+        grouped = rows.view(tile, kv_heads, group, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, -1, dim)
+        own = slice(tile_start, tile_start + tile)
+        attended, own_lse = _attend(grouped, k_heads[:, :, own], v_heads[:, :, own], scale, diagonal_mask)
+        if tile_start:
+            earlier, earlier_lse = _attend(
+                grouped, k_heads[:, :, :tile_start], v_heads[:, :, :tile_start], scale, None
+            )
+            attended = _merge(earlier, earlier_lse, attended, own_lse)
+        # [1, Hkv, tile * group, D], rows in (position, group) order
+        per_position = attended.view(kv_heads, tile, group, dim).permute(1, 0, 2, 3).reshape(tile, heads, dim)
+        out[lo - start : hi - start] = per_position[lo - tile_start : hi - tile_start]
+    return out
+
+
+def _heads_first(rows: torch.Tensor, length: int) -> torch.Tensor:
+    """`[end, Hkv, D]` -> a contiguous `[1, Hkv, length, D]`, zero past `end`. Pure."""
+    end, kv_heads, dim = rows.shape
+    out = rows.new_zeros(1, kv_heads, length, dim)
+    out[0, :, :end] = rows.transpose(0, 1)
+    return out
+
+
+def _diagonal_mask(tile: int, group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`[tile * group, tile]` additive mask (the kernel takes it in the query's dtype): the row of (position
+    i, group member g) sees the tile's keys 0 .. i. Pure."""
+    positions = torch.arange(tile, device=device)
+    hidden = (positions[None, :] > positions[:, None]).repeat_interleave(group, dim=0)
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
+
+
+def _attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention `[1, Hkv, rows, D]` and its fp32 log-sum-exp per row `[1, Hkv, rows]`. Pure.
+
+    The CPU flash-attention kernel that `scaled_dot_product_attention` runs on the CPU, called directly
+    because only it returns the log-sum-exp a merge needs."""
+    attended, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, keys, values, 0.0, False, attn_mask=mask, scale=scale
+    )[:2]
+    return attended, lse
+
+
+def _merge(
+    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
+) -> torch.Tensor:
+    """Attention over two disjoint key sets merged into attention over their union, in fp32. Pure."""
+    weight = torch.sigmoid(first_lse - second_lse).unsqueeze(-1)  # the first set's share of the softmax mass
+    merged = second.float() + weight * (first.float() - second.float())
+    return merged.to(first.dtype)
+
+
+def _masked_tiles(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`causal_attention_in_tiles` with one masked call per tile over the keys `[0, t + tile)`. Pure."""
+    count, heads, dim = query.shape
+    end, kv_heads = keys.shape[0], keys.shape[1]
+    start, group, tile = end - count, heads // kv_heads, ATTENTION_TILE_TOKENS
+    first, last = start - start % tile, -(-end // tile) * tile
+    k_heads = _heads_first(keys, last)
+    v_heads = _heads_first(values, last)
     offsets = torch.arange(tile, device=query.device)[:, None]
     out = query.new_empty(count, heads, dim)
     for tile_start in range(first, last, tile):
@@ -112,7 +185,7 @@ def causal_attention_in_tiles(
             v_heads[:, :, : tile_start + tile],
             attn_mask=visible.repeat_interleave(group, dim=0),
             scale=scale,
-        )  # [1, Hkv, tile * group, D], rows in (position, group) order
+        )
         per_position = attended.view(kv_heads, tile, group, dim).permute(1, 0, 2, 3).reshape(tile, heads, dim)
         out[lo - start : hi - start] = per_position[lo - tile_start : hi - tile_start]
     return out
