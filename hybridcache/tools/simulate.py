@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sweep-users",
         default=None,
         metavar="U,U,...",
-        help="numbers of concurrent users to run ours, oracle, align and lru at (a table; --users is ignored)",
+        help="numbers of concurrent users to run ours, oracle, align and lru at (a table; ignores --users)",
     )
     parser.add_argument(
         "--plot",
