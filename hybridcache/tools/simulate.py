@@ -5,7 +5,8 @@ traces (WEKA Claude-Code JSON, Mooncake JSONL or our JSONL, auto-detected), size
 prints one name=value per line: what was computed, what was reused from device and host, what was
 evicted, and the infinite-cache bound (computed_vs_bound). --sweep runs several host budgets (and, with
 --plot, every policy) and prints a table. --sweep-users 4,8,12,16 prints, per number of concurrent users,
-what ``ours``, the offline ``oracle`` (Belady, same capacity; sim/oracle.py) and ``align`` compute.
+what ``ours``, the offline ``oracle`` (Belady, same capacity; sim/oracle.py), ``align`` and ``lru``
+compute.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sweep-users",
         default=None,
         metavar="U,U,...",
-        help="numbers of concurrent users to run ours, oracle and align at (a table; --users is ignored)",
+        help="numbers of concurrent users to run ours, oracle, align and lru at (a table; ignores --users)",
     )
     parser.add_argument(
         "--plot",
@@ -161,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
             args.users = count
             ours, oracle = simulate_with_oracle(trace, _config(args, Policy.OURS, args.host_cache_mib))
             align = simulate(trace, _config(args, Policy.ALIGN, args.host_cache_mib))
-            points.append(UsersPoint(count, ours, oracle, align))
+            lru = simulate(trace, _config(args, Policy.LRU, args.host_cache_mib))
+            points.append(UsersPoint(count, ours, oracle, align, lru))
             row = users_table(points[-1:])[1]
             print(f"hybridcache simulate: {count} users done: {row.split()}", file=sys.stderr, flush=True)
         print("\n".join(users_table(points)))

@@ -19,7 +19,7 @@ from hybridcache.tools.sim.excess import ExcessSplit
 from hybridcache.tools.sim.material import build_material, chain_hashes
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 from hybridcache.tools.sim.policies import Policy
-from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation
+from hybridcache.tools.sim.runner import SimConfig, SimResult, Simulation, simulate_with_oracle
 from hybridcache.tools.sim.shapes import SHAPES, get_shape
 from hybridcache.tools.tiny_model.presets import get_preset
 from hybridcache.tools.traces import Trace, load_trace
@@ -399,15 +399,43 @@ def test_future_uses_name_the_next_request_not_yet_admitted():
     assert future.position == 3
 
 
-def test_cli_sweep_users_prints_ours_oracle_and_align_per_concurrency(tmp_path, capsys):
+def test_a_snapshot_is_needed_by_the_next_request_that_does_not_reach_a_deeper_one():
+    # block hashes by depth: 1 -> 2 -> 3 (a conversation), 1 -> 9 (an edit after the first block)
+    future = FutureUses([("a", [1, 2, 3]), ("b", [1, 2, 3]), ("c", [1, 9]), ("d", [1, 2])])
+    deeper = [(1, 2)]  # a snapshot anchored at depth 1 (hash 2) lies below one anchored at hash 1
+    assert future.next_use(1) == 0
+    assert future.next_use(1, deeper) == 2  # a and b resume from the deeper snapshot
+    assert future.next_use(2, [(2, 3)]) == 3  # only d stops between hash 2 and hash 3
+    future.arriving("a")  # a snapshot "a" publishes serves the next request, not "a" itself
+    assert future.next_use(1, after_arriving=True) == 1
+    assert future.next_use(1) == 0
+    future.admitted("a")
+    future.admitted("c")
+    assert future.next_use(1, deeper) == NEVER  # "d" holds hash 2 as well
+    assert future.next_use(2, [(2, 3)]) == 3
+
+
+def test_cli_sweep_users_prints_every_policy_per_concurrency(tmp_path, capsys):
     paths = [str(p) for p in story_traces(tmp_path)]
     code = simulate_cli.main([*paths, "--model-shape", "tiny", "--host-cache-mib", "1",
                               "--device-pages", "40", "--sweep-users", "1,2"])
     assert code == 0
     header, *rows = capsys.readouterr().out.strip().splitlines()
-    assert header.split()[:5] == ["users", "bound_tokens", "ours", "oracle", "align"]
+    assert header.split()[:6] == ["users", "bound_tokens", "ours", "oracle", "align", "lru"]
     assert [row.split()[0] for row in rows] == ["1", "2"]
     for row in rows:
-        _, bound, ours, oracle, align, *_, ours_vs_oracle, _ = row.split()
-        assert int(bound) <= min(int(ours), int(oracle), int(align))
+        _, bound, ours, oracle, align, lru, *_, ours_vs_oracle, closed = row.split()
+        assert int(bound) <= min(int(ours), int(oracle), int(align), int(lru))
         assert float(ours_vs_oracle) == pytest.approx(int(ours) / int(oracle), abs=1e-4)
+        if int(align) != int(bound):
+            expected = (int(align) - int(ours)) / (int(align) - int(bound))
+            assert float(closed) == pytest.approx(expected, abs=1e-3)
+
+
+@pytest.mark.parametrize(("host_mib", "pages", "users"), [(1, 40, 1), (1, 40, 2), (2, 60, 2), (0, 60, 2)])
+def test_the_oracle_never_computes_more_than_ours(tmp_path, host_mib, pages, users):
+    trace = load_trace(story_traces(tmp_path), shared_prefix=True)
+    cfg = config(host_cache_mib=host_mib, device_pages=pages, users=users)
+    ours, oracle = simulate_with_oracle(trace, cfg)
+    assert oracle.bound_tokens == ours.bound_tokens
+    assert ours.bound_tokens <= oracle.counters.computed_tokens <= ours.counters.computed_tokens

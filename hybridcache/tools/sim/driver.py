@@ -22,7 +22,6 @@ from hybridcache.cache.hedge_admission import hedge_host_bytes
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
-from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.tap_planner import (
     Placement,
     PlannedTap,
@@ -34,7 +33,7 @@ from hybridcache.cache.tap_planner import (
 )
 from hybridcache.tools.sim.counters import SimCounters
 from hybridcache.tools.sim.material import RequestMaterial, TokenView
-from hybridcache.tools.sim.policies import Policy, touch
+from hybridcache.tools.sim.policies import Policy, hedge_room, touch
 from hybridcache.tools.sim.shapes import ModelShape
 
 OUTPUT_WINDOW_TOKENS = 512  # as core/worker.py: pages reserved at admission for the answer
@@ -203,7 +202,7 @@ class RequestDriver:
         return table_pages
 
     def _take_tap(self, lane: int, position: int, boundary: bool) -> None:
-        if position in self._hedges and not room_for_hedge(self.cache.index):
+        if position in self._hedges and not hedge_room(self.cache):
             self.counters.taps_skipped += 1  # as the worker: a hedge never takes the tail's slot
             return
         hedge = position in self._hedges

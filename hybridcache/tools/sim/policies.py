@@ -32,6 +32,7 @@ from hybridcache.cache.facade import Cache
 from hybridcache.cache.geometry import CacheGeometry
 from hybridcache.cache.ids import NodeId, SnapshotId
 from hybridcache.cache.records import BlockNode, Residency, Snapshot
+from hybridcache.cache.slots import room_for_hedge
 from hybridcache.cache.write_back import HostWrite, WriteBackPlan, plan_write_back
 from hybridcache.tools.sim.oracle import OracleCache
 
@@ -56,6 +57,14 @@ def make_cache(
     constructor."""
     cls = {Policy.LRU: LruCache, Policy.ORACLE: OracleCache}.get(policy, Cache)
     return cls(geometry, cost, journal, host_write, hedge_budget_bytes=hedge_budget_bytes)
+
+
+def hedge_room(cache: Cache) -> bool:
+    """Whether a hedge tap may take a snapshot slot now (``slots.room_for_hedge``; the oracle also counts
+    the slots of snapshots it knows are never used again). Pure."""
+    if isinstance(cache, OracleCache):
+        return cache.room_for_hedge()
+    return room_for_hedge(cache.index)
 
 
 def touch(cache: Cache, path: Sequence[BlockNode], snapshots: Iterable[SnapshotId]) -> None:

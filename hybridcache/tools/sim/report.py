@@ -95,16 +95,17 @@ def sweep_table(points: Sequence[SweepPoint]) -> list[str]:
 
 
 class UsersPoint(NamedTuple):
-    """One concurrency of ``--sweep-users``: ours, the oracle and align under the same settings."""
+    """One concurrency of ``--sweep-users``: ours, the oracle, align and lru under the same settings."""
 
     users: int
     ours: SimResult
     oracle: SimResult
     align: SimResult
+    lru: SimResult
 
 
-USERS_COLUMNS = ("users", "bound_tokens", "ours", "oracle", "align", "ours_vs_bound", "oracle_vs_bound",
-                 "align_vs_bound", "ours_vs_oracle", "align_excess_closed")
+USERS_COLUMNS = ("users", "bound_tokens", "ours", "oracle", "align", "lru", "ours_vs_bound",
+                 "oracle_vs_bound", "align_vs_bound", "lru_vs_bound", "ours_vs_oracle", "align_excess_closed")
 
 
 def users_table(points: Sequence[UsersPoint]) -> list[str]:
@@ -114,11 +115,12 @@ def users_table(points: Sequence[UsersPoint]) -> list[str]:
     rows = [list(USERS_COLUMNS)]
     for point in points:
         bound = point.ours.bound_tokens
-        ours, oracle, align = (r.counters.computed_tokens for r in (point.ours, point.oracle, point.align))
+        results = (point.ours, point.oracle, point.align, point.lru)
+        ours, oracle, align, lru = (r.counters.computed_tokens for r in results)
         closed = (align - ours) / (align - bound) if align != bound else float("nan")
-        rows.append([str(point.users), str(bound), str(ours), str(oracle), str(align),
-                     f"{ours / max(bound, 1):.4f}", f"{oracle / max(bound, 1):.4f}",
-                     f"{align / max(bound, 1):.4f}", f"{ours / max(oracle, 1):.4f}", f"{closed:.3f}"])
+        rows.append([str(point.users), str(bound), str(ours), str(oracle), str(align), str(lru),
+                     *(f"{value / max(bound, 1):.4f}" for value in (ours, oracle, align, lru)),
+                     f"{ours / max(oracle, 1):.4f}", f"{closed:.3f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(USERS_COLUMNS))]
     return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
 

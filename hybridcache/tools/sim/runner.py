@@ -202,6 +202,8 @@ class Simulation:
                 material = self._material(item)
                 self._queue[0] = (item, material)
             computed_before = driver.counters.computed_tokens
+            if isinstance(driver.cache, OracleCache):
+                driver.cache.future.arriving(item)
             outcome = driver.admit(material, self._hints(item, material))
             if outcome.outcome == Admission.BLOCKED and not driver.active:
                 driver.counters.requests_infeasible += 1  # nothing will free pages: never fits
