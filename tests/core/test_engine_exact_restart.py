@@ -13,6 +13,7 @@ from hybridcache.core.frontend import Frontend
 from hybridcache.persistence.cache_file import open_tables
 from hybridcache.persistence.contents_check import check_directory
 from hybridcache.persistence.file_summary import summarize
+from hybridcache.tools.inspect import format_summary
 from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
 
 STEPS = 32
@@ -78,6 +79,9 @@ async def test_the_cache_file_keeps_the_marks_and_an_exact_restart_skips_the_ine
     assert summary.inexact_snapshots == 1
     assert [row.frontier for row in summary.snapshots if not row.exact] == [PROMPT + ANSWER - 1]
     assert any(row.exact and row.frontier == PROMPT - 1 for row in summary.snapshots)  # the prompt's tail
+    shown = format_summary(summary, summary.snapshots)
+    assert f"inexact       {summary.inexact_blocks} blocks, 1 snapshots" in shown
+    assert shown.count(" no\n") + shown.endswith(" no") == 1  # the endpoint's row in the exact column
     copy = tmp_path / "copy.cache"
     shutil.copy(saved, copy)
 
