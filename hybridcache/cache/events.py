@@ -237,6 +237,7 @@ class BlockLoaded(_Event, frozen=True):
     tokens: tuple[int, ...]
     extra: int
     slab: int
+    inexact: bool = False  # saved with its mark (records.BlockNode.inexact)
 
 
 class SnapshotLoaded(_Event, frozen=True):
@@ -250,6 +251,7 @@ class SnapshotLoaded(_Event, frozen=True):
     image_slabs: tuple[int, ...]
     tail_slab: int | None
     hits: int = 0
+    inexact: bool = False  # saved with its mark (records.Snapshot.inexact)
 
 
 CacheEvent = (

@@ -35,6 +35,7 @@ class LoadedHandlers(_Base):
             raise EventRejected(f"BlockLoaded: node {parent.id} already has this child")
         self._check_free_slabs((e.slab,), "BlockLoaded")
         node = BlockNode(NodeId(e.node), parent, e.lookup_hash, tuple(e.tokens), e.extra)
+        node.inexact = e.inexact
         parent.add_child(node)
         self.nodes[node.id] = node
         self.next_node_id = max(self.next_node_id, e.node + 1)
@@ -64,6 +65,7 @@ class LoadedHandlers(_Base):
         tail_slabs = () if e.tail_slab is None else (e.tail_slab,)
         self._check_free_slabs((*e.image_slabs, *tail_slabs), "SnapshotLoaded")
         snap = Snapshot(SnapshotId(e.snapshot), anchor, tail, SnapshotKind(e.kind))
+        snap.inexact = e.inexact
         self.next_snapshot_id = max(self.next_snapshot_id, e.snapshot + 1)
         self._take_slabs(tuple(e.image_slabs), SlabOwnerKind.IMAGE, snap.id)
         snap.host_slabs = tuple(SlabId(s) for s in e.image_slabs)

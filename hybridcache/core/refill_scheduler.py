@@ -41,6 +41,11 @@ class RefillScheduler:
         worker = self.worker
         if worker.queue or worker.lanes:
             return None
+        if worker.cache.index.host_writes:
+            # A block being copied to the host is pinned, and a refill that commits it then only
+            # duplicates it: it stays inexact (with a cache directory, the finished request's whole path
+            # is in flight here). The landing wakes the worker, which tries again.
+            return None
         while (job := self.jobs.take()) is not None:
             request = self.jobs.request_for(job, time.monotonic())
             if not job.worth_running(worker.cache.quote(worker.prompt_input(request)).reuse_tokens):

@@ -12,6 +12,8 @@ Sections are msgpack: ``CacheFileHeader``, ``list[BlockRecord]`` (parents before
 the root) and ``list[SnapshotRecord]``. Each record names its run's offset (from the data start) and the
 run's xxh3_64, so a loader can choose what to read before reading any slab and a damaged run drops
 exactly the entries that depend on it. Ids are the saving index's; a loader maps them to fresh ones.
+Format 3 records carry each entry's exactness mark (``cache/exactness.py``), so a restart keeps exact-only
+resumes exact; formats 1 and 2 held exact entries only, and their records read as exact.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from hybridcache.cache.records import SnapshotKind
 from hybridcache.persistence.fingerprint import CacheFingerprint
 
 MAGIC = b"HCPREFIX"
-FORMAT_VERSION = 2  # 2: superseded snapshots are saved too, flagged in their record
-READABLE_FORMATS = (1, 2)  # a format-1 file reads as is: every record it holds is retained
+# 2: superseded snapshots are saved too, flagged in their record. 3: inexact entries are saved too, marked
+# in their record (a build that reads only 1 and 2 refuses the file rather than take them as exact).
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)  # older files read as is: every record they hold is retained and exact
 PROLOGUE = struct.Struct("<8sII")
 SECTION = struct.Struct("<QQ")
 DATA_ALIGN = 4096
@@ -73,6 +77,7 @@ class BlockRecord(msgspec.Struct, frozen=True, array_like=True):
     extra: int
     offset: int
     checksum: int
+    inexact: bool = False  # format 3: its KV came from decode steps (records.BlockNode.inexact)
 
 
 class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
@@ -85,6 +90,7 @@ class SnapshotRecord(msgspec.Struct, frozen=True, array_like=True):
     offset: int
     checksum: int
     superseded: bool = False  # format 2: restored as superseded (valued and evicted as such)
+    inexact: bool = False  # format 3: records.Snapshot.inexact (an exact-only resume skips it)
 
 
 class CacheFileTables(msgspec.Struct, frozen=True):

@@ -38,6 +38,8 @@ class DirectoryCheck(msgspec.Struct, kw_only=True):
     listed_blocks: int
     listed_snapshots: int
     listed_superseded: int
+    listed_inexact_blocks: int = 0  # from decode steps (format 2 marks): resumed only with --inexact-resume
+    listed_inexact_snapshots: int = 0
     restorable_blocks: int = 0
     restorable_snapshots: int = 0
     needed_blocks: int = 0  # restorable blocks some restorable snapshot resumes through
@@ -76,6 +78,8 @@ def check_directory(directory: str | os.PathLike[str]) -> DirectoryCheck:
         listed_blocks=len(fold.blocks),
         listed_snapshots=len(fold.images),
         listed_superseded=sum(1 for image in fold.images.values() if image.superseded),
+        listed_inexact_blocks=sum(1 for block in fold.blocks.values() if block.inexact),
+        listed_inexact_snapshots=sum(1 for image in fold.images.values() if image.inexact),
         fold_seconds=folded - started,
     )
     _verify(check, contents, slab_file)

@@ -16,8 +16,8 @@ import msgspec
 
 from hybridcache.persistence.contents_fold import ContentsFold
 from hybridcache.persistence.contents_records import (
-    CONTENTS_FORMAT,
     CONTENTS_MAGIC,
+    READABLE_CONTENTS_FORMATS,
     BaseEnd,
     ContentsHeader,
     ContentsRecord,
@@ -65,9 +65,10 @@ def read_contents(path: str | os.PathLike[str]) -> ContentsRead:
         header = decode_header(first)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise ContentsFileError(f"{path}: malformed header: {error}") from error
-    if header.format_version != CONTENTS_FORMAT:
+    if header.format_version not in READABLE_CONTENTS_FORMATS:
+        readable = ", ".join(map(str, READABLE_CONTENTS_FORMATS))
         raise ContentsFileError(f"{path}: contents format {header.format_version}, this build reads "
-                                f"{CONTENTS_FORMAT}")
+                                f"{readable}")
     fold = ContentsFold()
     base_entries = tail = 0
     in_base = True

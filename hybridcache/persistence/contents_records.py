@@ -20,7 +20,10 @@ import msgspec
 from hybridcache.persistence.fingerprint import CacheFingerprint
 
 CONTENTS_MAGIC = b"HCCONTENTS\x00"
-CONTENTS_FORMAT = 1
+# 2: inexact blocks and snapshots are stored too, marked in their record (a build that reads only 1
+# refuses the directory rather than take them as exact).
+CONTENTS_FORMAT = 2
+READABLE_CONTENTS_FORMATS = (1, 2)  # format 1 stored exact entries only: its records read as exact
 
 
 class ContentsGeometry(msgspec.Struct, frozen=True):
@@ -52,6 +55,7 @@ class BlockStored(_Record, frozen=True):
     extra: int
     slab: int
     checksum: int
+    inexact: bool = False  # format 2: its KV came from decode steps (records.BlockNode.inexact)
 
 
 class ImageStored(_Record, frozen=True):
@@ -65,6 +69,7 @@ class ImageStored(_Record, frozen=True):
     checksum: int
     hits: int = 0
     superseded: bool = False
+    inexact: bool = False  # format 2: records.Snapshot.inexact (an exact-only resume skips it)
 
 
 class TailStored(_Record, frozen=True):

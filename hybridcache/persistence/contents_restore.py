@@ -166,7 +166,9 @@ class _Restorer:
         new_id = index.next_node_id
         parent = self.node_ids[block.parent]
         self.cache._apply(
-            ev.BlockLoaded(0, new_id, parent, block.lookup_hash, block.tokens, block.extra, block.slab)
+            ev.BlockLoaded(
+                0, new_id, parent, block.lookup_hash, block.tokens, block.extra, block.slab, block.inexact
+            )
         )
         self.node_ids[block.node] = new_id
         self.blocks.append(msgspec.structs.replace(block, node=new_id, parent=parent))
@@ -178,7 +180,7 @@ class _Restorer:
         self.cache._apply(
             ev.SnapshotLoaded(
                 0, new_id, anchor, image.kind, image.tail_tokens, image.slabs,
-                None if tail is None else tail.slab, image.hits,
+                None if tail is None else tail.slab, image.hits, image.inexact,
             )
         )
         if image.superseded:

@@ -48,6 +48,7 @@ class ContentsSink:
             ev.HostWriteOpened: self._opened,
             ev.HostWriteLanded: self._landed,
             ev.NodeHostDropped: self._node_host_dropped,
+            ev.BlockMadeExact: self._block_made_exact,
             ev.SubtreeDeleted: self._subtree_deleted,
             ev.SnapshotHostDropped: self._snapshot_removed,
             ev.SnapshotDeleted: self._snapshot_removed,
@@ -87,23 +88,25 @@ class ContentsSink:
         index, generations, stores = self.index, self._generations, []
         for node_id, slab in zip(opened.nodes, opened.node_slabs):
             node = index.nodes.get(NodeId(node_id))
-            if node is None or node.host_slab != slab or node.parent is None or node.inexact:
-                continue  # gone, or inexact (the journal keeps no exactness marks: a restore trusts it)
-            record = BlockStored(node.id, node.parent.id, node.lookup_hash, node.tokens, node.extra, slab, 0)
+            if node is None or node.host_slab != slab or node.parent is None:
+                continue  # gone
+            record = BlockStored(
+                node.id, node.parent.id, node.lookup_hash, node.tokens, node.extra, slab, 0, node.inexact
+            )
             stores.append(PendingStore(record, (slab,), (generations[slab],)))
         for snapshot_id, slabs in zip(opened.images, opened.image_slabs):
             snap = index.snapshots.get(SnapshotId(snapshot_id))
-            if snap is None or snap.host_slabs != tuple(slabs) or snap.inexact:
+            if snap is None or snap.host_slabs != tuple(slabs):
                 continue
             record = ImageStored(
                 snap.id, snap.anchor.id, int(snap.kind), snap.tail_tokens, tuple(slabs), 0, snap.hits,
-                snap.superseded,
+                snap.superseded, snap.inexact,
             )
             stores.append(PendingStore(record, tuple(slabs), tuple(generations[s] for s in slabs)))
             self._stored_snapshots.add(snap.id)
         for snapshot_id, slab in zip(opened.tails, opened.tail_slabs):
             snap = index.snapshots.get(SnapshotId(snapshot_id))
-            if snap is None or snap.tail_host_slab != slab or snap.inexact:
+            if snap is None or snap.tail_host_slab != slab:
                 continue
             stores.append(PendingStore(TailStored(snap.id, slab, 0), (slab,), (generations[slab],)))
         return stores
@@ -112,6 +115,11 @@ class ContentsSink:
         if NodeId(event.node) in self.index.nodes:
             return [BlockReleased(event.node)]
         return [NodeRemoved(event.node)]
+
+    def _block_made_exact(self, event: ev.BlockMadeExact) -> list[ContentsRecord]:
+        """The node's inexact host copy was freed (its exact bytes are stored again when the host write
+        of its new device copy lands): a restart must not find the old record."""
+        return [BlockReleased(event.node)]
 
     def _subtree_deleted(self, event: ev.SubtreeDeleted) -> list[ContentsRecord]:
         return [NodeRemoved(event.node)]

@@ -32,6 +32,8 @@ class SnapshotRow(msgspec.Struct, frozen=True):
     bytes: int  # image and tail slabs
     path_blocks: int
     tail_tokens: int
+    # False: decode steps produced its state or a block of its path (resumed from only with --inexact-resume)
+    exact: bool = True
 
 
 class FileSummary(msgspec.Struct, frozen=True):
@@ -47,6 +49,8 @@ class FileSummary(msgspec.Struct, frozen=True):
     host_bytes_needed: int
     block_depths: dict[int, int]  # blocks per depth (block index)
     snapshots: list[SnapshotRow]
+    inexact_blocks: int = 0  # blocks whose KV came from decode steps (format 3 marks)
+    inexact_snapshots: int = 0
 
 
 def kind_name(kind: int) -> str:
@@ -70,6 +74,7 @@ def summarize(path: str, tables: CacheFileTables) -> FileSummary:
             tables.snapshot_slabs(snap) * slab,
             len(tree.path(snap.anchor)),
             len(snap.tail_tokens),
+            not snap.inexact and not any(tree.blocks[b].inexact for b in tree.path(snap.anchor)),
         )
         for snap in tables.snapshots
     ]
@@ -92,6 +97,8 @@ def summarize(path: str, tables: CacheFileTables) -> FileSummary:
         host_bytes_needed=tables.total_slabs * slab,
         block_depths=dict(sorted(depths.items())),
         snapshots=rows,
+        inexact_blocks=sum(1 for b in tables.blocks if b.inexact),
+        inexact_snapshots=sum(1 for s in tables.snapshots if s.inexact),
     )
 
 

@@ -212,7 +212,11 @@ class _Loader:
         index = self.cache.index
         new_id = index.next_node_id
         parent = self.node_ids[block.parent]
-        self._apply(ev.BlockLoaded(0, new_id, parent, block.lookup_hash, block.tokens, block.extra, slab))
+        self._apply(
+            ev.BlockLoaded(
+                0, new_id, parent, block.lookup_hash, block.tokens, block.extra, slab, block.inexact
+            )
+        )
         self.node_ids[block.node] = new_id
         self.loaded_blocks.append(index.nodes[new_id])  # type: ignore[index]
 
@@ -224,7 +228,8 @@ class _Loader:
         anchor = self.node_ids[snap.anchor]
         self._apply(
             ev.SnapshotLoaded(
-                0, new_id, anchor, snap.kind, snap.tail_tokens, slabs[:image_slabs], tail, snap.hits
+                0, new_id, anchor, snap.kind, snap.tail_tokens, slabs[:image_slabs], tail, snap.hits,
+                snap.inexact,
             )
         )
         if snap.superseded:

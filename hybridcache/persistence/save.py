@@ -70,22 +70,23 @@ class _Abandoned(Exception):
 
 
 def _path_savable(anchor: BlockNode) -> bool:
-    """Every block up to ``anchor`` is on the host and exact (a loaded block is taken as exact)."""
+    """Every block up to ``anchor`` is on the host."""
     node: BlockNode | None = anchor
     while node is not None and node.parent is not None:
-        if node.host_state != Residency.RESIDENT or node.inexact:
+        if node.host_state != Residency.RESIDENT:
             return False
         node = node.parent
     return True
 
 
 def select_saved(index: PrefixIndex) -> tuple[list[BlockNode], list[Snapshot]]:
-    """The blocks (parents first) and snapshots (by id) a save writes: complete on the host and exact, as
-    their path (the file keeps no exactness marks, so what it holds must be exact). Pure."""
+    """The blocks (parents first) and snapshots (by id) a save writes: complete on the host, as their
+    path. Inexact ones too: their records carry the mark, and a restart resumes from them only as an
+    engine with ``--inexact-resume`` would. Pure."""
     snapshots = [
         snap
         for snap in sorted(index.snapshots.values(), key=lambda s: s.id)
-        if snap.host_complete and not snap.inexact and _path_savable(snap.anchor)
+        if snap.host_complete and _path_savable(snap.anchor)
     ]
     blocks: dict[int, BlockNode] = {}
     for snap in snapshots:
@@ -131,6 +132,7 @@ def _tables(
                 node.extra,
                 offset,
                 _run_checksum(host_memory, run),
+                node.inexact,
             )
         )
         runs.append(run)
@@ -148,6 +150,7 @@ def _tables(
                 offset,
                 _run_checksum(host_memory, run),
                 snap.superseded,
+                snap.inexact,
             )
         )
         runs.append(run)

@@ -25,6 +25,7 @@ from hybridcache.tools.inspect_plot import plot_summary
 
 _TABLE_HEADER = (
     f"  {'id':>6} {'frontier':>9} {'kind':<16} {'hits':>5} {'H':>11} {'bytes':>10} {'path':>5} {'tail':>5}"
+    f" {'exact':>5}"
 )
 SORT_KEYS = ("id", "frontier", "kind", "hits", "h", "bytes", "path")
 _SORT_FIELD = {"path": "path_blocks"}
@@ -44,6 +45,9 @@ the snapshot table, one row per recurrent-state snapshot in the file:
   bytes     its image and tail slabs on the host
   path      whole 64-token blocks from the root to its anchor block (the KV it needs)
   tail      tokens past the last whole block, kept in its tail slab (0..63)
+  exact     yes: resuming from it reproduces a cold run bit for bit (its state and every block of its
+            path were computed as a cold prefill computes them); no: decode steps produced some of
+            it, and only an engine with --inexact-resume resumes from it
 """
 
 
@@ -111,13 +115,15 @@ def format_summary(summary: FileSummary, rows: list[SnapshotRow]) -> str:
         *(f"  {name:<10} {t.count:>7} {_mib(t.bytes):>12}" for name, t in summary.kinds.items()),
         f"  of which hedges {summary.hedges.count} snapshots, {_mib(summary.hedges.bytes)} "
         "(images and tails)",
+        f"inexact       {summary.inexact_blocks} blocks, {summary.inexact_snapshots} snapshots "
+        "(from decode steps: resumed from only with --inexact-resume)",
         "block depths  " + _histogram(summary.block_depths),
         f"snapshots     {len(rows)}",
         _TABLE_HEADER,
     ]
     lines += [
         f"  {r.id:>6} {r.frontier:>9} {r.kind:<16} {r.hits:>5} {r.h:>11.4g} {r.bytes:>10} "
-        f"{r.path_blocks:>5} {r.tail_tokens:>5}"
+        f"{r.path_blocks:>5} {r.tail_tokens:>5} {'yes' if r.exact else 'no':>5}"
         for r in rows
     ]
     return "\n".join(lines)

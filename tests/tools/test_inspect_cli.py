@@ -77,7 +77,7 @@ def test_json_output_carries_the_same_summary(cache_file: Path, capsys):
 
 def test_sort_orders_the_snapshot_table(cache_file: Path, capsys):
     _, out, _ = inspect_cli(capsys, cache_file, "--sort", "frontier")
-    table = out.split("tail\n", 1)[1].strip().splitlines()
+    table = out.split(" exact\n", 1)[1].strip().splitlines()  # after the table's header
     frontiers = [int(line.split()[1]) for line in table]
     assert frontiers == sorted(frontiers) and len(frontiers) == len(open_tables(cache_file).snapshots)
 
