@@ -97,26 +97,44 @@ def causal_attention_in_tiles(
     """
     if query.device.type != "cpu":
         return _masked_tiles(query, keys, values, scale)
+    group = query.shape[1] // keys.shape[1]
+    diagonal_mask = _diagonal_mask(ATTENTION_TILE_TOKENS, group, query.dtype, query.device)
+
+    def attend_tile(grouped: torch.Tensor, tile_start: int, k_heads: torch.Tensor,
+                    v_heads: torch.Tensor) -> torch.Tensor:
+        own = slice(tile_start, tile_start + ATTENTION_TILE_TOKENS)
+        attended, own_lse = _attend(grouped, k_heads[:, :, own], v_heads[:, :, own], scale, diagonal_mask)
+        if not tile_start:
+            return attended
+        earlier = slice(0, tile_start)
+        before, before_lse = _attend(grouped, k_heads[:, :, earlier], v_heads[:, :, earlier], scale, None)
+        return _merge(before, before_lse, attended, own_lse)
+
+    return _by_tiles(query, keys, values, attend_tile)
+
+
+def _by_tiles(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    attend_tile: Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """The frame both forms share: keys and values heads-first and zero-padded to whole tiles, each tile's
+    queries as their KV head's rows (`[1, Hkv, tile * group, D]`, zero rows for positions outside the pass),
+    `attend_tile(grouped, tile_start, k_heads, v_heads)` for each, the pass's rows put back. Pure."""
     count, heads, dim = query.shape
     end, kv_heads = keys.shape[0], keys.shape[1]
     start, group, tile = end - count, heads // kv_heads, ATTENTION_TILE_TOKENS
     first, last = start - start % tile, -(-end // tile) * tile
     k_heads = _heads_first(keys, last)  # [1, Hkv, last, D]
     v_heads = _heads_first(values, last)
-    diagonal_mask = _diagonal_mask(tile, group, query.dtype, query.device)
     out = query.new_empty(count, heads, dim)
     for tile_start in range(first, last, tile):
         lo, hi = max(start, tile_start), min(end, tile_start + tile)
         rows = query.new_zeros(tile, heads, dim)
         rows[lo - tile_start : hi - tile_start] = query[lo - start : hi - start]
         grouped = rows.view(tile, kv_heads, group, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, -1, dim)
-        own = slice(tile_start, tile_start + tile)
-        attended, own_lse = _attend(grouped, k_heads[:, :, own], v_heads[:, :, own], scale, diagonal_mask)
-        if tile_start:
-            earlier, earlier_lse = _attend(
-                grouped, k_heads[:, :, :tile_start], v_heads[:, :, :tile_start], scale, None
-            )
-            attended = _merge(earlier, earlier_lse, attended, own_lse)
+        attended = attend_tile(grouped, tile_start, k_heads, v_heads)
         # [1, Hkv, tile * group, D], rows in (position, group) order
         per_position = attended.view(kv_heads, tile, group, dim).permute(1, 0, 2, 3).reshape(tile, heads, dim)
         out[lo - start : hi - start] = per_position[lo - tile_start : hi - tile_start]
@@ -165,27 +183,18 @@ def _masked_tiles(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """`causal_attention_in_tiles` with one masked call per tile over the keys `[0, t + tile)`. Pure."""
-    count, heads, dim = query.shape
-    end, kv_heads = keys.shape[0], keys.shape[1]
-    start, group, tile = end - count, heads // kv_heads, ATTENTION_TILE_TOKENS
-    first, last = start - start % tile, -(-end // tile) * tile
-    k_heads = _heads_first(keys, last)
-    v_heads = _heads_first(values, last)
+    group, tile = query.shape[1] // keys.shape[1], ATTENTION_TILE_TOKENS
     offsets = torch.arange(tile, device=query.device)[:, None]
-    out = query.new_empty(count, heads, dim)
-    for tile_start in range(first, last, tile):
-        lo, hi = max(start, tile_start), min(end, tile_start + tile)
-        rows = query.new_zeros(tile, heads, dim)
-        rows[lo - tile_start : hi - tile_start] = query[lo - start : hi - start]
-        grouped = rows.view(tile, kv_heads, group, dim).permute(1, 0, 2, 3).reshape(1, kv_heads, -1, dim)
+
+    def attend_tile(grouped: torch.Tensor, tile_start: int, k_heads: torch.Tensor,
+                    v_heads: torch.Tensor) -> torch.Tensor:
         visible = torch.arange(tile_start + tile, device=query.device)[None, :] <= tile_start + offsets
-        attended = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             grouped,
             k_heads[:, :, : tile_start + tile],
             v_heads[:, :, : tile_start + tile],
             attn_mask=visible.repeat_interleave(group, dim=0),
             scale=scale,
         )
-        per_position = attended.view(kv_heads, tile, group, dim).permute(1, 0, 2, 3).reshape(tile, heads, dim)
-        out[lo - start : hi - start] = per_position[lo - tile_start : hi - tile_start]
-    return out
+
+    return _by_tiles(query, keys, values, attend_tile)
