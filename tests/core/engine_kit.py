@@ -72,3 +72,14 @@ def filler_tokens(count: int, seed: int) -> list[int]:
 
 def snapshot_frontiers(engine: Engine, kind: SnapshotKind | None = None) -> list[int]:
     return sorted(s.frontier for s in engine.cache.index.snapshots.values() if kind is None or s.kind == kind)
+
+
+async def cold_run(
+    model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str, max_tokens: int
+) -> Generated:
+    """`tokens` greedily continued by a fresh engine with prefix reuse off: what a resumed run must equal."""
+    engine = await start_engine(model_dir, dtype=dtype, prefix_reuse=False)
+    try:
+        return await generate(engine, frontend.prepare_tokens(tokens), max_tokens)
+    finally:
+        await engine.stop()

@@ -15,7 +15,7 @@ from hybridcache.cache.integrity import check_integrity
 from hybridcache.core.endpoint_refills import REFILL_CHUNK_TOKENS
 from hybridcache.core.frontend import Frontend
 from hybridcache.core.sampling_params import SamplingParams
-from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
+from tests.core.engine_kit import Generated, cold_run, filler_tokens, generate, start_engine
 
 DTYPES = ("float32", "bfloat16")
 STEPS = 32
@@ -42,14 +42,6 @@ def moe_with_tokenizer(tmp_path_factory: pytest.TempPathFactory, micro_checkpoin
 @pytest.fixture(params=["dense", "moe"])
 def model_dir(request, micro_checkpoint: Path) -> Path:
     return micro_checkpoint if request.param == "dense" else request.getfixturevalue("moe_with_tokenizer")
-
-
-async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str) -> Generated:
-    engine = await start_engine(model_dir, dtype=dtype, prefix_reuse=False)
-    try:
-        return await generate(engine, frontend.prepare_tokens(tokens), STEPS)
-    finally:
-        await engine.stop()
 
 
 async def chat_turns(
@@ -80,7 +72,7 @@ async def test_a_follow_up_resumes_inside_the_answer_exactly_after_the_idle_refi
     assert stats["endpoint_refills_finished"] == 1
     assert stats["blocks_made_exact"] == computed // BLOCK_TOKENS - 300 // BLOCK_TOKENS
     assert resumed.accounting.reuse_tokens == computed  # the refill's tail tap at n - 1 of prompt + answer
-    cold = await cold_run(model_dir, frontend, follow_up, dtype)
+    cold = await cold_run(model_dir, frontend, follow_up, dtype, STEPS)
     assert resumed.first_logprobs == cold.first_logprobs  # bit for bit, every top-20 entry
     assert resumed.tokens == cold.tokens
 
@@ -92,7 +84,7 @@ async def test_without_the_refill_an_exact_resume_stops_before_the_answer(
     resumed, follow_up, stats = await chat_turns(micro_checkpoint, frontend, dtype, endpoint_refill=False)
     assert stats["endpoint_refills_finished"] == 0
     assert resumed.accounting.reuse_tokens == 299  # the first prompt's tail at n - 1
-    cold = await cold_run(micro_checkpoint, frontend, follow_up, dtype)
+    cold = await cold_run(micro_checkpoint, frontend, follow_up, dtype, STEPS)
     assert resumed.first_logprobs == cold.first_logprobs
     assert resumed.tokens == cold.tokens
 
@@ -134,7 +126,7 @@ async def test_a_request_arriving_mid_refill_waits_one_chunk_and_the_refill_cont
     # the second attempt resumed where the first stopped (the cancel published the state at 384)
     assert stats["endpoint_refill_tokens"] == (300 + 600) - 299
     assert resumed.accounting.reuse_tokens == 300 + 600 - 1  # where the decode ended
-    cold = await cold_run(micro_checkpoint, frontend, follow_up, "auto")
+    cold = await cold_run(micro_checkpoint, frontend, follow_up, "auto", STEPS)
     assert resumed.first_logprobs == cold.first_logprobs
     assert resumed.tokens == cold.tokens
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybridcache.core.frontend import Frontend
-from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
+from tests.core.engine_kit import Generated, cold_run, filler_tokens, generate, start_engine
 
 DTYPES = ("float32", "bfloat16")
 STEPS = 64
@@ -19,14 +19,6 @@ STEPS = 64
 @pytest.fixture(scope="module")
 def frontend(micro_checkpoint: Path) -> Frontend:
     return Frontend.from_dir(micro_checkpoint, 32768)
-
-
-async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str) -> Generated:
-    engine = await start_engine(model_dir, dtype=dtype, prefix_reuse=False)
-    try:
-        return await generate(engine, frontend.prepare_tokens(tokens), STEPS)
-    finally:
-        await engine.stop()
 
 
 def assert_identical(resumed: Generated, cold: Generated) -> None:
@@ -52,8 +44,8 @@ async def test_a_repeat_and_an_extension_resume_on_the_device_exactly(
     assert repeat.accounting.source == extension.accounting.source == "device"
     assert repeat.accounting.reuse_tokens == tail_tap
     assert extension.accounting.reuse_tokens >= tail_tap
-    assert_identical(repeat, await cold_run(micro_checkpoint, frontend, prompt[:length], dtype))
-    assert_identical(extension, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+    assert_identical(repeat, await cold_run(micro_checkpoint, frontend, prompt[:length], dtype, STEPS))
+    assert_identical(extension, await cold_run(micro_checkpoint, frontend, prompt, dtype, STEPS))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -76,7 +68,7 @@ async def test_a_host_resume_is_exact(micro_checkpoint: Path, frontend: Frontend
     assert stats["snapshot_image_pending_tail_bytes"] == 3 * (63 * 32 * item + 4)
     assert stats["host_tier_pending_tail_bytes"] % stats["snapshot_image_pending_tail_bytes"] == 0
     assert stats["host_tier_pending_tail_bytes"] > 0
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype, STEPS))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,7 +87,7 @@ async def test_a_resume_from_the_cache_file_after_a_restart_is_exact(
     finally:
         await restarted.stop()
     assert resumed.accounting.source == "host" and resumed.accounting.reuse_tokens == 600  # the tail
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, prompt, dtype, STEPS))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +106,7 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
     finally:
         await engine.stop()
     assert resumed.accounting.reuse_tokens == fork
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, target, dtype))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, target, dtype, STEPS))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,7 +132,7 @@ async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_e
     assert captured == 5
     assert resumed.accounting.reuse_tokens == 1088  # without the hedge: the root (no ladder this short)
     assert hedge_bytes > 0
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, edited, dtype))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, edited, dtype, STEPS))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -160,7 +152,7 @@ async def test_a_rewritten_last_block_resumes_from_the_hedge_at_its_start_exactl
     finally:
         await engine.stop()
     assert resumed.accounting.reuse_tokens == 1344  # the hedge at the last block boundary below 1399
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, rewritten, dtype))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, rewritten, dtype, STEPS))
 
 
 @pytest.mark.parametrize(("budget", "reuse"), [("auto", 1088), (0, 0)])

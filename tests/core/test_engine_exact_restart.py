@@ -14,7 +14,7 @@ from hybridcache.persistence.cache_file import open_tables
 from hybridcache.persistence.contents_check import check_directory
 from hybridcache.persistence.file_summary import summarize
 from hybridcache.tools.inspect import format_summary
-from tests.core.engine_kit import Generated, filler_tokens, generate, start_engine
+from tests.core.engine_kit import Generated, cold_run, filler_tokens, generate, start_engine
 
 STEPS = 32
 PROMPT = 300
@@ -24,14 +24,6 @@ ANSWER = 150  # two whole blocks and a partial one past the prompt: decode-produ
 @pytest.fixture(scope="module")
 def frontend(micro_checkpoint: Path) -> Frontend:
     return Frontend.from_dir(micro_checkpoint, 32768)
-
-
-async def cold_run(model_dir: Path, frontend: Frontend, tokens: list[int], dtype: str) -> Generated:
-    engine = await start_engine(model_dir, dtype=dtype, prefix_reuse=False)
-    try:
-        return await generate(engine, frontend.prepare_tokens(tokens), STEPS)
-    finally:
-        await engine.stop()
 
 
 async def first_turn(model_dir: Path, frontend: Frontend, dtype: str, **options) -> list[int]:
@@ -89,7 +81,7 @@ async def test_the_cache_file_keeps_the_marks_and_an_exact_restart_skips_the_ine
         micro_checkpoint, frontend, dtype, follow_up, prefix_cache_file=str(saved)
     )
     assert exact.accounting.source == "host" and exact.accounting.reuse_tokens == PROMPT - 1
-    assert_identical(exact, await cold_run(micro_checkpoint, frontend, follow_up, dtype))
+    assert_identical(exact, await cold_run(micro_checkpoint, frontend, follow_up, dtype, STEPS))
 
     inexact = await follow_up_after_restart(
         micro_checkpoint, frontend, dtype, follow_up, prefix_cache_file=str(copy), exact_resume=False
@@ -115,7 +107,7 @@ async def test_the_cache_directory_keeps_the_marks_and_an_exact_restart_skips_th
         micro_checkpoint, frontend, "bfloat16", follow_up, cache_dir=str(directory)
     )
     assert exact.accounting.source == "host" and exact.accounting.reuse_tokens == PROMPT - 1
-    assert_identical(exact, await cold_run(micro_checkpoint, frontend, follow_up, "bfloat16"))
+    assert_identical(exact, await cold_run(micro_checkpoint, frontend, follow_up, "bfloat16", STEPS))
 
     inexact = await follow_up_after_restart(
         micro_checkpoint, frontend, "bfloat16", follow_up, cache_dir=str(copy), exact_resume=False
@@ -138,4 +130,4 @@ async def test_blocks_a_refill_made_exact_are_stored_again_as_exact_in_the_cache
     )
     assert resumed.accounting.source == "host"
     assert resumed.accounting.reuse_tokens == PROMPT + ANSWER - 1  # the refill's tap at the answer's end
-    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, follow_up, "bfloat16"))
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, follow_up, "bfloat16", STEPS))
