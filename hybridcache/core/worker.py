@@ -109,7 +109,6 @@ class Worker:
             ladder_tokens=cache_options.tap_ladder_tokens,
             min_gap_tokens=cache_options.tap_min_gap_tokens,
             hedges=cache_options.hedges,
-            hedge_cold_prompts=bool(self.cache.hedge_budget_bytes),
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
