@@ -60,7 +60,7 @@ class PublicationCalls(_Base):
         value = estimate_new_priority(
             self.index, self.cost, position, self._previous_frontier(la), position % BLOCK_TOKENS != 0
         )
-        if not self._make_slot_room(value, needs_free_slot=True):
+        if not self._make_slot_room(value, needs_free_slot=True, hedge=hedge):
             self.stats.taps_skipped_no_slot += 1
             return TapResult(None, "no snapshot slot")
         slot = self.index.slots.peek_free()
@@ -68,9 +68,9 @@ class PublicationCalls(_Base):
         self._apply(ev.TapTaken(0, lane, position, slot, boundary, hedge))
         return TapResult(slot)
 
-    def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
+    def _make_slot_room(self, value: float, needs_free_slot: bool, hedge: bool = False) -> bool:
         while True:
-            events = plan_snapshot_slot(self.index, value, needs_free_slot)
+            events = plan_snapshot_slot(self.index, value, needs_free_slot, hedge)
             if events is None:
                 return False
             if not events:

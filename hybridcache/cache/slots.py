@@ -3,6 +3,10 @@
 Order: a free slot; a superseded owner's slot (oldest supersession first; it keeps its host copy or is
 deleted); the lowest-H device-only owner, only when the new snapshot is worth at least as much (L rises
 to the victim's H); the least recently hit host-backed owner's device copy. Otherwise skip.
+
+Hedges (tap_planner's HEDGE) are the lowest class: a new hedge deletes only a device-only hedge, never
+another device-only snapshot, whatever their values (a hedge guesses at an edit; the others are where
+requests are known to resume), and takes a free slot only while others remain (``room_for_hedge``).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
-from hybridcache.cache.records import Residency, Snapshot
+from hybridcache.cache.records import Residency, Snapshot, SnapshotKind
 
 if TYPE_CHECKING:
     from hybridcache.cache.index import PrefixIndex
@@ -21,11 +25,12 @@ def _evictable_slot_owner(snap: Snapshot) -> bool:
 
 
 def plan_snapshot_slot(
-    index: PrefixIndex, new_value: float, needs_free_slot: bool
+    index: PrefixIndex, new_value: float, needs_free_slot: bool, hedge: bool = False
 ) -> list[ev.CacheEvent] | None:
     """Events that make room for one more snapshot-class slot; [] if room exists, None to skip.
 
     ``needs_free_slot``: a tap needs a FREE slot to copy into; an endpoint only a role change within D.
+    ``hedge``: the new snapshot is a hedge (it may delete only a device-only hedge).
     """
     room = index.slots.can_add_snapshot_class()
     if room and (not needs_free_slot or index.slots.peek_free() is not None):
@@ -37,7 +42,9 @@ def plan_snapshot_slot(
         if victim.host_state == Residency.RESIDENT:
             return [ev.SnapshotDeviceDropped(0, victim.id)]
         return [ev.SnapshotDeleted(0, victim.id)]
-    device_only = [s for s in owners if s.host_state == Residency.ABSENT]
+    device_only = [
+        s for s in owners if s.host_state == Residency.ABSENT and (not hedge or s.kind == SnapshotKind.HEDGE)
+    ]
     if device_only:
         victim = min(device_only, key=lambda s: (s.gdsf_h, s.id))
         if new_value >= victim.gdsf_h:

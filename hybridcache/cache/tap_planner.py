@@ -12,23 +12,34 @@ A tap at position p snapshots the state after tokens [0, p) (frontier F = p). Ca
     tail, `StateSlots`), so a resume computes the block's delta-rule sub-chunk whole, as a cold run does,
     and is bit-exact; it is taken inside the prefill pass without splitting it (as HEDGE below), so a cold
     prompt's passes are the same with and without the cache.
-    5 HEDGE        n − 256, n − 512, n − 1024, n − 2048 snapped down to a block boundary: states a little
-                   before the prompt end, so that an edit or a regeneration of the last message of a prompt
-                   without known structure (token ids, unknown templates) resumes close to where it
-                   diverges (llama.cpp keeps one such checkpoint ~512 tokens before every prompt end).
+    5 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned.
+                   Before the hedges: on a long cold prompt five hedges and the tail would crowd the
+                   ladder out of the budget, and its rungs are where other conversations sharing a long
+                   preamble (tools, system prompt) diverge.
+    6 HEDGE        the last block boundary before n − 1, then n − 256, n − 512, n − 1024, n − 2048 snapped
+                   down to a block boundary: states a little before the prompt end, so that an edit or a
+                   regeneration of the last message of a prompt without known structure (token ids,
+                   unknown templates) resumes close to where it diverges (llama.cpp keeps one such
+                   checkpoint ~512 tokens before every prompt end). The last block boundary serves a next
+                   request that rewrites the prompt's last block (block-hashed traces such as WEKA's
+                   re-hash it in the next request; a client that re-renders the end of its last message
+                   does the same), which the tail at n − 1 lies past; when n − 1 is itself a block
+                   boundary, the block before it (the traces re-hash the last whole block then).
                    INNER: taken inside a prefill pass without splitting it (the chunked delta rule has the
                    state at every 64-token sub-chunk boundary of a pass; ``GatedDeltaNet.capturing_states``).
                    Hedges are short-lived by valuation: each lies in the middle of its lineage, so GDSF
                    values it by the few hundred tokens it saves over the snapshot above it (a low density:
                    they are the first snapshots to go under host pressure), the deepest one is superseded
                    by the prompt tail and the endpoint taken after it, and the next request of the
-                   conversation hedges near its own end. Only a prompt that resumes from the cache
-                   (base > 0) is hedged: one that shares nothing with what the cache holds belongs to no
-                   conversation it knows yet (a one-off or batch prompt), and its hedges (up to four state
-                   images, 20 MB each on `small`, resident memory on a CPU) would pay only for an edit of
-                   its last message. Its tail is still taken, and its next turn, resumed, hedges.
-    6 LADDER       n − G·2^k, snapped back to a message boundary within the min gap; flexible, 64-aligned
-
+                   conversation hedges near its own end. A prompt that resumes nothing from the cache
+                   (base 0) is hedged only with ``hedge_cold_prompts``, which the engine and the simulator
+                   set where hedge images have a host budget (``--cache-hedge-budget`` > 0): there a cold
+                   prompt's hedges cost budgeted bytes the host policy reclaims first, and the cold prompt
+                   is often what later requests fork from (a conversation's or a sub-agent's first
+                   prompt). Without a budget (an image outweighs the KV of 256 tokens, as on `small`) its
+                   hedges, up to five state images that stay resident, would pay only for an edit of a
+                   one-off prompt's last message; its tail is still taken, and its next turn, resumed,
+                   hedges.
 Rules: every tap lies in (base, n − 1]; a position strictly inside an exclusion (media) span moves to the
 span start (the prompt tail is dropped instead); semantic boundaries (opener, structural, automatic) at
 one position form one candidate with the best member's priority and Boundary-ness from any member; a
@@ -36,8 +47,10 @@ semantic candidate is dropped when an accepted tap, an existing frontier or the 
 SEMANTIC_PROXIMITY_TOKENS before it, a hedge, ladder or tail candidate when one lies at most 64 tokens
 before it; an explicit candidate is dropped only when it repeats one of those positions; ladder
 candidates also keep ``min_gap_tokens`` on both sides of accepted taps, existing frontiers and the base;
-at most ``max_new_taps`` are kept, taken in priority order (semantic ones by position, the ladder by k).
-A request resumed from an endpoint snapshot skips the opener. Everything here is pure and deterministic.
+at most ``max_new_taps`` are kept, taken in priority order (semantic ones by position, the ladder by k),
+hedges nearest the end first, so a full budget drops the farthest; hedges also keep ``min_gap_tokens``
+from accepted ladder rungs. A request resumed from an endpoint snapshot skips the opener. Everything here
+is pure and deterministic.
 """
 
 from bisect import bisect_left, bisect_right
@@ -94,7 +107,8 @@ class Placement(IntEnum):
 
 
 HEDGE_DISTANCES = (256, 512, 1024, 2048)
-"""Tokens before the prompt end at which hedges are planned (each then snapped down to a block)."""
+"""Tokens before the prompt end at which hedges are planned (each then snapped down to a block), after the
+one at the last block boundary before the prompt tail."""
 
 
 class TapHint(NamedTuple):
@@ -117,6 +131,7 @@ class TapOptions(msgspec.Struct, frozen=True, kw_only=True):
     ladder_tokens: int
     min_gap_tokens: int
     hedges: bool = True  # plan HEDGE taps near the prompt end
+    hedge_cold_prompts: bool = False  # hedge a prompt that resumes nothing too (hedges have a host budget)
 
     def __post_init__(self) -> None:
         if self.max_new_taps < 0:
@@ -135,6 +150,7 @@ def derive_tap_options(
     ladder_tokens: int | None = None,
     min_gap_tokens: int | None = None,
     hedges: bool = True,
+    hedge_cold_prompts: bool = False,
 ) -> TapOptions:
     """The §14.2 defaults, each replaced by its override when given. Pure.
 
@@ -148,6 +164,7 @@ def derive_tap_options(
         ladder_tokens=max(4096, 2 * prefill_chunk) if ladder_tokens is None else ladder_tokens,
         min_gap_tokens=max(1024, prefill_chunk) if min_gap_tokens is None else min_gap_tokens,
         hedges=hedges,
+        hedge_cold_prompts=hedge_cold_prompts,
     )
 
 
@@ -225,10 +242,10 @@ def plan_taps(
     tail = _tail_candidate(n, base, spans)
     if tail is not None:
         planner.offer_tail(tail)
-    for candidate in _hedge_candidates(n, base, spans) if options.hedges and base > 0 else ():
-        planner.offer_near(candidate)
     for candidate in _ladder_candidates(n, base, hints, spans, options):
         planner.offer_ladder(candidate)
+    for candidate in _hedge_candidates(n, base, spans) if _hedged(base, options) else ():
+        planner.offer_hedge(candidate)
     return planner.planned()
 
 
@@ -312,9 +329,15 @@ def _tail_candidate(n: int, base: int, spans: Sequence[tuple[int, int]]) -> _Can
     return _Candidate(n - 1, TapSource.PROMPT_TAIL, False)
 
 
+def _hedged(base: int, options: TapOptions) -> bool:
+    return options.hedges and (base > 0 or options.hedge_cold_prompts)
+
+
 def _hedge_candidates(n: int, base: int, spans: Sequence[tuple[int, int]]) -> list[_Candidate]:
-    """n − d for each hedge distance d, nearest the end first, on a block boundary out of media spans."""
-    placed = (_place_aligned(n - distance, spans) for distance in HEDGE_DISTANCES if n - distance > base)
+    """The last block boundary before n − 1, then n − d for each hedge distance d, nearest the end first,
+    on a block boundary out of media spans."""
+    targets = (n - 2, *(n - distance for distance in HEDGE_DISTANCES if n - distance > base))
+    placed = (_place_aligned(target, spans) for target in targets)
     return [_Candidate(p, TapSource.HEDGE, False) for p in placed if base < p <= n - 1]
 
 
@@ -356,6 +379,16 @@ class _Acceptance:
         if not self._has_room() or self._something_just_before(candidate.position, proximity=proximity):
             return
         self._accept(candidate)
+
+    def offer_hedge(self, candidate: _Candidate) -> None:
+        """As ``offer_near``, and never within the min gap of an accepted ladder rung (the ladder keeps its
+        gap on both sides; with the default spacing the rung n − G and the hedge n − 2048 lie at least the
+        gap apart, so this drops nothing there)."""
+        gap = self._options.min_gap_tokens
+        rungs = (c.position for c in self._accepted if c.source == TapSource.LADDER)
+        if any(abs(candidate.position - rung) < gap for rung in rungs):
+            return
+        self.offer_near(candidate)
 
     def offer_tail(self, candidate: _Candidate) -> None:
         """The prompt tail: dropped beside an accepted tap or an existing frontier, but not for lying close

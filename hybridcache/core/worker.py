@@ -109,6 +109,7 @@ class Worker:
             ladder_tokens=cache_options.tap_ladder_tokens,
             min_gap_tokens=cache_options.tap_min_gap_tokens,
             hedges=cache_options.hedges,
+            hedge_cold_prompts=bool(self.cache.hedge_budget_bytes),
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
@@ -361,9 +362,29 @@ class Worker:
             return self._decode_round(decoding)
         if prefilling:
             self._last_was_decode = False
-            self._next_prefill = (self._next_prefill + 1) % len(prefilling)
-            return self.prefill_pass(prefilling[self._next_prefill])
+            turn = (self._next_prefill + 1) % len(prefilling)
+            if self._taps_await_image_writes(prefilling[turn]):
+                return self.transfers_landed()  # the loop applies the landings, then runs the pass
+            self._next_prefill = turn
+            return self.prefill_pass(prefilling[turn])
         return self.refills.start_if_idle()
+
+    def _taps_await_image_writes(self, lane: LaneState) -> bool:
+        """Whether ``lane``'s next pass should first wait for the snapshot images being written to the host.
+        While its host write is in flight a snapshot holds its device slot and cannot give it up
+        (``slots.plan_snapshot_slot`` drops only a landed copy); once landed it can. Without the wait, a
+        pass that starts right after another prompt's published its taps (lanes take turns, each pass
+        publishes its taps at once) finds every slot held and skips its own taps: with two lanes and
+        cold prompts arriving together, a prompt could keep no snapshot at all. A state image lands in
+        milliseconds, so the wait costs that much, and only when the pass's taps outnumber the free
+        slots."""
+        index = self.cache.index
+        if not self._waits or not any(batch.images for batch in index.host_writes.values()):
+            return False
+        start = lane.computed
+        end = lane.next_chunk_end(self.refills.chunk_tokens(lane, self.options.prefill_chunk))
+        wanted = len(lane.taps_due(start, end)) + len(lane.inner_due(start, end))
+        return wanted > index.slots.max_snapshot - index.slots.num_snapshot_class
 
     async def prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed

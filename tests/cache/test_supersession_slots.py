@@ -80,6 +80,14 @@ def test_a_device_only_owner_is_displaced_only_by_a_snapshot_worth_as_much():
     ]
 
 
+def test_a_hedge_never_deletes_a_device_only_snapshot_of_another_class():
+    cache = checked_cache(geometry(host_slabs=0, snapshot_slots=2), cost=linear_cost())
+    _fill_slots(cache, 2)
+    worth_more = 2 * max(s.gdsf_h for s in cache.index.snapshots.values())
+    assert plan_snapshot_slot(cache.index, worth_more, needs_free_slot=False, hedge=True) is None
+    assert plan_snapshot_slot(cache.index, worth_more, needs_free_slot=False) is not None
+
+
 def test_host_backed_owners_give_up_the_least_recently_hit_device_copy():
     cache = checked_cache(geometry(snapshot_slots=2), cost=linear_cost())
     first_tokens = tokens(200, seed=11)

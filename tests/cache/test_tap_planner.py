@@ -26,8 +26,8 @@ RANK = {
     TapSource.STRUCTURAL: 3,
     TapSource.AUTOMATIC: 3,
     TapSource.PROMPT_TAIL: 4,
-    TapSource.HEDGE: 5,
-    TapSource.LADDER: 6,
+    TapSource.LADDER: 5,
+    TapSource.HEDGE: 6,
 }
 
 
@@ -185,6 +185,7 @@ def test_derived_options_follow_the_configuration_rules():
     assert derive_tap_options(512, host_tier=False) == options(2, 4096, 1024, hedges=True)
     plain = derive_tap_options(4096, True, max_new_taps=3, min_gap_tokens=0, hedges=False)
     assert plain == options(3, 8192, 0)
+    assert derive_tap_options(2048, True, hedge_cold_prompts=True).hedge_cold_prompts
     with pytest.raises(ValueError):
         derive_tap_options(0, True)
 
@@ -231,6 +232,7 @@ def planning_inputs(draw):
         max_new_taps=draw(st.integers(min_value=0, max_value=10)),
         ladder_tokens=draw(st.integers(min_value=BLOCK_TOKENS, max_value=8192)),
         min_gap_tokens=draw(st.integers(min_value=0, max_value=4096)),
+        hedge_cold_prompts=draw(st.booleans()),
     )
     resumed = draw(st.booleans())
     return n, base, hints, existing, spans, opts, resumed
@@ -302,13 +304,15 @@ def test_a_smaller_budget_keeps_a_highest_priority_subset(inputs, budget):
     unlimited = plan(
         inputs,
         options=TapOptions(
-            max_new_taps=64, ladder_tokens=opts.ladder_tokens, min_gap_tokens=opts.min_gap_tokens
+            max_new_taps=64, ladder_tokens=opts.ladder_tokens, min_gap_tokens=opts.min_gap_tokens,
+            hedge_cold_prompts=opts.hedge_cold_prompts,
         ),
     )
     limited = plan(
         inputs,
         options=TapOptions(
-            max_new_taps=budget, ladder_tokens=opts.ladder_tokens, min_gap_tokens=opts.min_gap_tokens
+            max_new_taps=budget, ladder_tokens=opts.ladder_tokens, min_gap_tokens=opts.min_gap_tokens,
+            hedge_cold_prompts=opts.hedge_cold_prompts,
         ),
     )
     assert set(limited) <= set(unlimited)
@@ -357,7 +361,8 @@ def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_p
     n = 11_341  # trace_0291 request 21: it shares 11,136 tokens with an earlier prompt
     taps = plan_taps(n, 64, [], [], options(hedges=True))  # resumed after its first block
     hedges = [t.position for t in taps if t.source == TapSource.HEDGE]
-    assert hedges == [9280, 10304, 10816, 11072]  # n-2048, n-1024, n-512, n-256, each floored to 64
+    # n-2048, n-1024, n-512, n-256, each floored to 64, and the last block boundary below the tail
+    assert hedges == [9280, 10304, 10816, 11072, 11328]
     assert all(t.placement == Placement.INNER and not t.boundary for t in taps if t.source == TapSource.HEDGE)
     assert tap_at(taps, 11_340).source == TapSource.PROMPT_TAIL
     # the ladder keeps its taps (n - 4096 and n - 8192 are at least the min gap from every hedge)
@@ -366,21 +371,55 @@ def test_a_token_id_prompt_gets_aligned_hedges_before_its_end_taken_inside_the_p
     assert max(p for p in positions(taps) if p <= 11_136) == 11_072
 
 
+def test_the_last_block_boundary_below_the_tail_is_hedged_where_a_rewritten_last_block_diverges():
+    # A WEKA trace's next request re-hashes this prompt's partial last block [11_328, 11_341): it shares
+    # 11_328 tokens with this prompt and resumes there, not at the n-256 hedge 256 tokens earlier.
+    taps = plan_taps(11_341, 9_000, [], [], options(hedges=True))
+    assert tap_at(taps, 11_328).source == TapSource.HEDGE
+    # A prompt that fills its last block: the boundary below the tail is that block's start.
+    assert tap_at(plan_taps(1_024, 64, [], [], options(hedges=True)), 960).source == TapSource.HEDGE
+    # When the tail itself lies on a block boundary, the hedge goes to the last whole block's start: the
+    # traces re-hash that block then (trace_0086: a 31,681-token request, the next diverges at 31,616).
+    taps = plan_taps(31_681, 30_521, [], [], options(hedges=True))
+    assert tap_at(taps, 31_680).source == TapSource.PROMPT_TAIL
+    assert tap_at(taps, 31_616).source == TapSource.HEDGE
+
+
+def test_a_long_cold_prompt_keeps_its_ladder_and_drops_its_farthest_hedge_when_the_budget_binds():
+    budgeted = TapOptions(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=2048, hedges=True,
+                          hedge_cold_prompts=True)
+    # trace_0086's first prompt: trace_0121 diverges from it at 9,088, between two ladder rungs
+    taps = plan_taps(15_422, 0, [hint(15_168, HintKind.STRUCTURAL)], [], budgeted)
+    assert [t.position for t in taps if t.source == TapSource.LADDER] == [7168, 11264]
+    assert [t.position for t in taps if t.source == TapSource.HEDGE] == [14336, 14848, 15104, 15360]
+    assert len(taps) == budgeted.max_new_taps  # n - 2048 (13,312) is the one left out
+
+
 def test_hedges_lie_past_the_base_and_never_within_64_tokens_after_the_base_or_a_snapshot():
     hedged = options(hedges=True)
-    assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 999]  # n-256 -> 704; n-512 < base
-    assert positions(plan_taps(1_000, 650, [], [], hedged)) == [999]  # 704 is within 64 of the base
-    assert positions(plan_taps(1_000, 64, [], [700], hedged)) == [448, 999]  # 704 beside a snapshot at 700
-    assert positions(plan_taps(200, 64, [], [], hedged)) == [199]  # too short for any hedge
+    assert positions(plan_taps(1_000, 600, [], [], hedged)) == [704, 960, 999]  # n-512 < base
+    assert positions(plan_taps(1_000, 650, [], [], hedged)) == [960, 999]  # 704 is within 64 of the base
+    assert positions(plan_taps(1_000, 64, [], [700], hedged)) == [448, 960, 999]  # 704 beside a snapshot
+    assert positions(plan_taps(1_000, 940, [], [], hedged)) == [999]  # 960 is within 64 of the base
+    assert positions(plan_taps(200, 64, [], [], hedged)) == [192, 199]  # only the last block boundary
 
 
-def test_a_prompt_that_resumes_nothing_is_not_hedged_and_keeps_its_tail():
+def test_a_prompt_that_resumes_nothing_is_hedged_only_where_hedges_have_a_host_budget():
     hedged = options(hedges=True)
     assert positions(plan_taps(11_341, 0, [], [], hedged)) == [3136, 7232, 11_340]  # ladder and tail
     assert sources(plan_taps(11_341, 0, [], [], hedged)) == [
         TapSource.LADDER, TapSource.LADDER, TapSource.PROMPT_TAIL
     ]
     assert TapSource.HEDGE in sources(plan_taps(11_341, 64, [], [], hedged))
+    # trace_0291's sub-agent 1 opens cold with 11,353 tokens; sub-agent 2 shares 11,136 of them
+    budgeted = TapOptions(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=2048, hedges=True,
+                          hedge_cold_prompts=True)
+    taps = plan_taps(11_353, 0, [], [], budgeted)
+    assert [t.position for t in taps if t.source == TapSource.HEDGE] == [9280, 10304, 10816, 11072, 11328]
+    assert max(p for p in positions(taps) if p <= 11_136) == 11_072
+    no_hedges = TapOptions(max_new_taps=8, ladder_tokens=4096, min_gap_tokens=2048, hedges=False,
+                           hedge_cold_prompts=True)
+    assert TapSource.HEDGE not in sources(plan_taps(11_353, 0, [], [], no_hedges))
 
 
 def test_without_a_host_tier_the_two_taps_go_to_structure_and_the_tail_not_to_hedges():

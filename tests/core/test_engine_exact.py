@@ -113,14 +113,13 @@ async def test_a_coalesced_request_resumes_from_its_siblings_tap_exactly(
 async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_exactly(
     micro_checkpoint: Path, frontend: Frontend, dtype: str
 ):
-    first = filler_tokens(1400, seed=35)  # one pass [128, 1400) (chunk 2048), the tail tap at 1344 inside it
+    first = filler_tokens(1400, seed=35)  # one pass [128, 1400) (chunk 2048), the tail tap at 1399 inside it
     edited = first[:1200] + filler_tokens(150, seed=36)  # diverges 200 tokens before the first one's end
     engine = await start_engine(
-        micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=6
-    )  # room for three hedges and the tail (a hedge never takes the slot the tail needs: room_for_hedge)
+        micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=7
+    )  # room for four hedges and the tail (a hedge never takes the slot the tail needs: room_for_hedge)
     try:
-        # a prompt is hedged only when it resumes from the cache: let `first` resume at 128
-        await generate(engine, frontend.prepare_tokens(first[:130]), 1)
+        await generate(engine, frontend.prepare_tokens(first[:130]), 1)  # so `first` resumes at its tail 129
         before = engine.stats()["snapshot_taps_in_pass"]
         await generate(engine, frontend.prepare_tokens(first), 1)
         captured = engine.stats()["snapshot_taps_in_pass"] - before
@@ -128,12 +127,49 @@ async def test_an_edit_near_the_end_resumes_from_a_hedge_taken_inside_the_pass_e
         hedge_bytes = engine.stats()["host_tier_hedge_snapshot_bytes"]
     finally:
         await engine.stop()
-    # hedges at n-256, n-512, n-1024 floored to 64 (1088, 832, 320) and the tail at 1344, all copied
-    # inside the one pass
-    assert captured == 4
+    # hedges at the last block boundary 1344 and at n-256, n-512, n-1024 floored to 64 (1088, 832, 320),
+    # and the tail at 1399, all copied inside the one pass
+    assert captured == 5
     assert resumed.accounting.reuse_tokens == 1088  # without the hedge: the root (no ladder this short)
     assert hedge_bytes > 0
     assert_identical(resumed, await cold_run(micro_checkpoint, frontend, edited, dtype, STEPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_a_rewritten_last_block_resumes_from_the_hedge_at_its_start_exactly(
+    micro_checkpoint: Path, frontend: Frontend, dtype: str
+):
+    # Block-hashed traces (WEKA) re-hash a prompt's partial last block in the next request: the next one
+    # shares the prompt up to its last block boundary and continues differently from there.
+    first = filler_tokens(1400, seed=37)
+    rewritten = first[:1344] + filler_tokens(200, seed=38)
+    engine = await start_engine(
+        micro_checkpoint, dtype=dtype, chunk=2048, host_cache_mib=64, device_snapshot_slots=7
+    )
+    try:
+        await generate(engine, frontend.prepare_tokens(first), 1)  # cold: hedged, the hedge budget is > 0
+        resumed = await generate(engine, frontend.prepare_tokens(rewritten), STEPS)
+    finally:
+        await engine.stop()
+    assert resumed.accounting.reuse_tokens == 1344  # the hedge at the last block boundary below 1399
+    assert_identical(resumed, await cold_run(micro_checkpoint, frontend, rewritten, dtype, STEPS))
+
+
+@pytest.mark.parametrize(("budget", "reuse"), [("auto", 1088), (0, 0)])
+async def test_a_cold_prompt_is_hedged_only_where_hedges_have_a_host_budget(
+    micro_checkpoint: Path, frontend: Frontend, budget: int | str, reuse: int
+):
+    first = filler_tokens(1400, seed=39)
+    edited = first[:1200] + filler_tokens(150, seed=40)
+    engine = await start_engine(
+        micro_checkpoint, chunk=2048, host_cache_mib=64, device_snapshot_slots=7, hedge_budget=budget
+    )  # auto: 4 MiB (1/16 of the host tier), a micro image is far smaller than the KV of 256 tokens
+    try:
+        await generate(engine, frontend.prepare_tokens(first), 1)  # resumes nothing
+        resumed = await generate(engine, frontend.prepare_tokens(edited), 1)
+    finally:
+        await engine.stop()
+    assert resumed.accounting.reuse_tokens == reuse  # the n-256 hedge, or nothing (no ladder this short)
 
 
 async def test_without_hedges_only_the_tail_is_taken_inside_the_pass(

@@ -293,6 +293,19 @@ def test_the_hedge_budget_keeps_hedges_off_the_host(tmp_path):
     check_integrity(sim.driver.cache.index)
 
 
+def test_a_cold_prompt_is_hedged_only_where_hedges_have_a_host_budget(tmp_path):
+    """The simulator plans as the worker does: ``hedge_cold_prompts`` follows the resolved budget."""
+    cold = write_weka(tmp_path / "cold.json", [weka_request(0.0, 1300, 10, list(range(1, 21)))])
+    trace = load_trace([cold], shared_prefix=True)
+    budgeted, hedged = run(trace, config(hedge_budget=1 << 20, users=1))
+    unbudgeted, plain = run(trace, config(hedge_budget=0, users=1))
+    assert budgeted.driver.tap_options.hedge_cold_prompts
+    assert not unbudgeted.driver.tap_options.hedge_cold_prompts
+    assert hedged.counters.hedges_taken > 0  # the last block boundary 1280, n-256, n-512, n-1024
+    assert plain.counters.hedges_taken == 0  # only the tail (no ladder this short)
+    check_integrity(budgeted.driver.cache.index)
+
+
 # --- model shapes ----------------------------------------------------------------------------------------
 
 def test_model_shapes_match_the_spec():

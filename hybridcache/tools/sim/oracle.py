@@ -266,10 +266,11 @@ class OracleCache(Cache):
                     return True
         return False
 
-    def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
+    def _make_slot_room(self, value: float, needs_free_slot: bool, hedge: bool = False) -> bool:
         """Belady with bypass: drop the device copy of a host-backed snapshot needed furthest away
         (nothing is lost), else delete the device-only snapshot needed furthest away, unless the incoming
-        one is needed later still (then it is skipped instead)."""
+        one is needed later still (then it is skipped instead). Knowing every next use, it needs no class
+        for hedges (``hedge`` unused)."""
         index = self.index
         while True:
             room = index.slots.can_add_snapshot_class()

@@ -109,7 +109,8 @@ class LruCache(Cache):
         """Write-back without dead-KV reclaim: unreachable blocks are not deleted ahead of reachable ones."""
         return plan_write_back(self.index, pages_needed, delete_unreachable=False)
 
-    def _make_slot_room(self, value: float, needs_free_slot: bool) -> bool:
+    def _make_slot_room(self, value: float, needs_free_slot: bool, hedge: bool = False) -> bool:
+        """Plain LRU over slot owners: a hedge is no class of its own here (``hedge`` unused)."""
         index = self.index
         while True:
             room = index.slots.can_add_snapshot_class()

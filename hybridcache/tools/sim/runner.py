@@ -97,16 +97,13 @@ class Simulation:
             config.device_pages, config.host_cache_mib, config.max_concurrency, config.snapshot_slots()
         )
         tally = EvictionTally(self.counters)
-        cache = make_cache(
-            config.policy,
-            geometry,
-            config.shape.cost,
-            tally,
-            config.host_write,
-            resolve_hedge_budget(config.hedge_budget, geometry),
-        )
+        hedge_budget = resolve_hedge_budget(config.hedge_budget, geometry)
+        cache = make_cache(config.policy, geometry, config.shape.cost, tally, config.host_write, hedge_budget)
         options = derive_tap_options(
-            config.shape.cost.prefill_chunk_tokens, geometry.has_host_tier, hedges=config.hedges
+            config.shape.cost.prefill_chunk_tokens,
+            geometry.has_host_tier,
+            hedges=config.hedges,
+            hedge_cold_prompts=hedge_budget > 0,
         )
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
