@@ -373,8 +373,8 @@ class Worker:
         """Whether ``lane``'s next pass should first wait for the snapshot images being written to the host.
         While its host write is in flight a snapshot holds its device slot and cannot give it up
         (``slots.plan_snapshot_slot`` drops only a landed copy); once landed it can. Without the wait, a
-        pass that starts right after another prompt's published its taps (lanes take turns, each pass
-        publishes its taps at once) finds every slot held and skips its own taps: with two lanes and
+        pass that starts right after another lane's pass published its taps (lanes take turns, and a pass
+        publishes its taps as it ends) finds every slot held and skips its own taps: with two lanes and
         cold prompts arriving together, a prompt could keep no snapshot at all. A state image lands in
         milliseconds, so the wait costs that much, and only when the pass's taps outnumber the free
         slots."""
