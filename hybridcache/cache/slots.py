@@ -60,6 +60,19 @@ def plan_snapshot_slot(
     return None
 
 
+def slots_within_reach(index: PrefixIndex) -> int:
+    """Snapshot slots a tap can have now without deleting a live device-only snapshot: the free ones, and
+    those whose owner is superseded or has its host copy (``plan_snapshot_slot`` takes these first).
+    Pure."""
+    slots = index.slots
+    releasable = sum(
+        1
+        for s in index.snapshots.values()
+        if _evictable_slot_owner(s) and (s.superseded or s.host_state == Residency.RESIDENT)
+    )
+    return slots.max_snapshot - slots.num_snapshot_class + releasable
+
+
 def room_for_hedge(index: PrefixIndex) -> bool:
     """A hedge tap may take a snapshot slot only while another stays within reach of the lane's later taps
     (its prompt tail, its endpoint): a slot free within D, or one more held by a snapshot whose host copy is

@@ -31,7 +31,7 @@ from hybridcache.cache.ids import BLOCK_TOKENS, SlotId
 from hybridcache.cache.integrity import check_integrity
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
 from hybridcache.cache.records import LaneId, SnapshotKind
-from hybridcache.cache.slots import room_for_hedge
+from hybridcache.cache.slots import room_for_hedge, slots_within_reach
 from hybridcache.cache.tap_planner import SEMANTIC_PROXIMITY_TOKENS, TapOptions, plan_taps, with_fork_hint
 from hybridcache.core.api import RequestAccounting, RequestError, RequestOutput, TokenLogprob
 from hybridcache.core.endpoint_refills import refill_taps
@@ -376,15 +376,15 @@ class Worker:
         pass that starts right after another lane's pass published its taps (lanes take turns, and a pass
         publishes its taps as it ends) finds every slot held and skips its own taps: with two lanes and
         cold prompts arriving together, a prompt could keep no snapshot at all. A state image lands in
-        milliseconds, so the wait costs that much, and only when the pass's taps outnumber the free
-        slots."""
+        milliseconds, but the wait also idles the compute threads, so it is taken only when the pass's taps
+        outnumber the slots within reach (free, or held by a superseded or host-backed snapshot)."""
         index = self.cache.index
         if not self._waits or not any(batch.images for batch in index.host_writes.values()):
             return False
         start = lane.computed
         end = lane.next_chunk_end(self.refills.chunk_tokens(lane, self.options.prefill_chunk))
         wanted = len(lane.taps_due(start, end)) + len(lane.inner_due(start, end))
-        return wanted > index.slots.max_snapshot - index.slots.num_snapshot_class
+        return wanted > slots_within_reach(index)
 
     async def prefill_pass(self, lane: LaneState) -> None:
         start = lane.computed
