@@ -1,10 +1,10 @@
-"""Cold prompts arriving together on few lanes and snapshot slots: hedges are the lowest class for slots.
+"""Cold prompts arriving together on few lanes and snapshot slots: every prompt keeps its taps.
 
-A cold prompt is hedged where hedges have a host budget (tap_planner's HEDGE). Hedges hold device
-snapshot slots until their host copies land; they must never take the slot another prompt's structural
-or tail tap needs, nor delete another prompt's snapshot that has no host copy yet. Four ~260-token chat
-prompts sent at once to two lanes (D = 3 slots, a 32 MiB host tier), then two follow-ups each: every
-follow-up resumes the end of its system prompt.
+A cold prompt is hedged where hedges have a host budget (tap_planner's HEDGE), so one prompt's pass can
+take every device snapshot slot, and a published snapshot keeps its slot until its host copy lands. The
+next lane's pass starts right after: unless it waits for those copies (``Worker._taps_await_image_writes``)
+it finds no slot and keeps no snapshot. Four ~260-token chat prompts sent at once to two lanes (D = 3
+slots, a 32 MiB host tier), then two follow-ups each: every follow-up resumes the end of its system prompt.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridcache.cache.tap_planner import HintKind
 from hybridcache.core.frontend import Frontend
 from tests.core.engine_kit import generate, start_engine
 
@@ -42,7 +43,8 @@ async def test_cold_prompts_together_leave_every_follow_up_its_system_prompt(
         first = await asyncio.gather(*(generate(engine, frontend.prepare_chat(chat(s, 0)), 1) for s in seeds))
         assert all(r.accounting.reuse_tokens == 0 for r in first)
         for seed in seeds:
-            system_end = min(p for p, kind in frontend.prepare_chat(chat(seed, 0)).tap_hints if kind == 3)
+            hints = frontend.prepare_chat(chat(seed, 0)).tap_hints
+            system_end = min(p for p, kind in hints if kind == HintKind.STRUCTURAL)
             for turn in (1, 2):
                 result = await generate(engine, frontend.prepare_chat(chat(seed, turn)), 1)
                 assert result.accounting.reuse_tokens >= system_end, (seed, turn, result.accounting)
