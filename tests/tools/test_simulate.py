@@ -282,6 +282,29 @@ def test_excess_split_by_hand(tmp_path):
     assert (split.capacity_tokens, split.placement_tokens) == (453, 619)
 
 
+def test_a_request_is_not_charged_against_its_own_snapshots(tmp_path):
+    """The simulator prefills inside the admission, so a request publishes its taps before it is charged;
+    a tap of its own at its divergence point is no snapshot that "once stood nearer"."""
+    trace = load_trace(write_weka(tmp_path / "one.json", [weka_request(0.0, 640, 4, list(range(1, 11)))]))
+    material = build_material(trace.conversations[0].requests[0], None, False, 0)
+    split = ExcessSplit()
+    split.admitting()
+    split.published(int(material.block_hashes[8]), ())  # its own tap at 576, inside (64, 600]
+    split.charge(material, 640 - 64, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (0, 536)
+    # Once charged, the tap counts for the requests after it: the same prompt again lost 512 to eviction.
+    split.charge(material, 640 - 64, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (512, 536 + 24)
+    # An admission that blocks publishes nothing, and the next one starts clean.
+    split.admitting()
+    split.settle()
+    split.admitting()
+    split.published(int(material.block_hashes[2]), ())
+    split.settle()
+    split.charge(material, 640 - 64, 40)
+    assert (split.capacity_tokens, split.placement_tokens) == (1024, 560 + 24)
+
+
 def test_the_hedge_budget_keeps_hedges_off_the_host(tmp_path):
     trace = load_trace(story_traces(tmp_path), shared_prefix=True)
     _, free = run(trace, config(hedge_budget=1 << 40))

@@ -12,8 +12,14 @@ anything earlier, bound.py). Every excess token lies in ``(base, d]`` and is cha
   not capacity, decides them.
 
 Snapshots are keyed by the chained lookup hash of their anchor block plus their tail tokens (the same
-prefix gives the same key), recorded as they are published. Mutable; ``published`` every snapshot,
-``charge`` every request in admission order.
+prefix gives the same key), recorded as they are published. Only snapshots published before the request
+was admitted count: the simulator prefills a request inside its admission, so its own taps (one at its
+divergence point, when a hint puts it there) are published before it is charged. Counting them charged
+217,704 tokens of placement excess to capacity (whole WEKA set, 27B-INT8, 64 GiB, 8 users: 4,687,600 vs
+4,469,896 capacity tokens; for example a conversation forking off another's prefix where that one had no
+snapshot, then tapping the fork itself).
+Mutable; ``admitting`` before each admission, ``published`` every snapshot, ``charge`` every admitted
+request in admission order, ``settle`` for an admission that was not charged (blocked or dropped).
 """
 
 from __future__ import annotations
@@ -31,16 +37,34 @@ class ExcessSplit:
         self.placement_tokens = 0
         self.capacity_requests = 0  # requests with a capacity share
         self.placement_requests = 0  # requests with a placement share
+        self._admitting: list[tuple[int, tuple[int, ...]]] | None = None  # published during an admission
+
+    def admitting(self) -> None:
+        """A request is being admitted: what it publishes counts only after it is charged (or settled)."""
+        self._admitting = []
 
     def published(self, anchor_hash: int, tail: tuple[int, ...]) -> None:
         """Record a snapshot anchored after the block whose lookup hash is ``anchor_hash``."""
-        self._tails.setdefault(anchor_hash, set()).add(tuple(tail))
+        if self._admitting is not None:
+            self._admitting.append((anchor_hash, tuple(tail)))
+        else:
+            self._tails.setdefault(anchor_hash, set()).add(tuple(tail))
+
+    def settle(self) -> None:
+        """The admission is over: record what it published."""
+        held, self._admitting = self._admitting or [], None
+        for anchor_hash, tail in held:
+            self.published(anchor_hash, tail)
 
     def charge(self, material: RequestMaterial, computed: int, bound: int) -> None:
-        """Split one request's excess (``computed`` tokens against its ``bound``) between the causes."""
+        """Split one request's excess (``computed`` tokens against its ``bound``) between the causes, by
+        the snapshots published before its admission; then record its own (``settle``)."""
         excess = computed - bound
-        if excess <= 0:
-            return
+        if excess > 0:
+            self._split(material, computed, bound, excess)
+        self.settle()
+
+    def _split(self, material: RequestMaterial, computed: int, bound: int, excess: int) -> None:
         n = material.prompt_tokens
         base, divergence = n - computed, n - bound
         deepest = self._deepest_published(material, base, divergence)

@@ -204,14 +204,17 @@ class Simulation:
             computed_before = driver.counters.computed_tokens
             if isinstance(driver.cache, OracleCache):
                 driver.cache.future.arriving(item)
+            self.excess.admitting()
             outcome = driver.admit(material, self._hints(item, material))
             if outcome.outcome == Admission.BLOCKED and not driver.active:
                 driver.counters.requests_infeasible += 1  # nothing will free pages: never fits
                 outcome = outcome._replace(outcome=Admission.INFEASIBLE)
             if outcome.outcome == Admission.BLOCKED:
+                self.excess.settle()
                 return
             self._queue.popleft()
             if outcome.outcome == Admission.INFEASIBLE:
+                self.excess.settle()
                 self._advance(item)
                 continue
             bound = self.bound.observe(material)
