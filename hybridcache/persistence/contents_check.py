@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import xxhash
 
+from hybridcache.cache.records import SnapshotKind
 from hybridcache.persistence.cache_dir import contents_path, slabs_path
 from hybridcache.persistence.contents_file import ContentsRead, read_contents
 from hybridcache.persistence.contents_fold import ROOT
@@ -40,6 +41,8 @@ class DirectoryCheck(msgspec.Struct, kw_only=True):
     listed_superseded: int
     listed_inexact_blocks: int = 0  # from decode steps (format 2 marks): resumed only with --inexact-resume
     listed_inexact_snapshots: int = 0
+    listed_hedges: int = 0  # tail hedges (records.SnapshotKind.HEDGE): a bet on an edit of a prompt's end
+    listed_hedge_bytes: int = 0  # their images and tail pages, in slabs
     restorable_blocks: int = 0
     restorable_snapshots: int = 0
     needed_blocks: int = 0  # restorable blocks some restorable snapshot resumes through
@@ -64,10 +67,12 @@ def check_directory(directory: str | os.PathLike[str]) -> DirectoryCheck:
     folded = time.perf_counter()
     fold = contents.fold
     slab_file = slabs_path(root)
+    slab_bytes = contents.header.geometry.slab_bytes
+    hedges = [image for image in fold.images.values() if image.kind == SnapshotKind.HEDGE]
     check = DirectoryCheck(
         directory=str(root),
         fingerprint=msgspec.to_builtins(contents.header.fingerprint),
-        slab_bytes=contents.header.geometry.slab_bytes,
+        slab_bytes=slab_bytes,
         image_bytes=contents.header.geometry.image_bytes,
         contents_bytes=contents.file_bytes,
         slab_file_bytes=slab_file.stat().st_size if slab_file.exists() else 0,
@@ -80,6 +85,8 @@ def check_directory(directory: str | os.PathLike[str]) -> DirectoryCheck:
         listed_superseded=sum(1 for image in fold.images.values() if image.superseded),
         listed_inexact_blocks=sum(1 for block in fold.blocks.values() if block.inexact),
         listed_inexact_snapshots=sum(1 for image in fold.images.values() if image.inexact),
+        listed_hedges=len(hedges),
+        listed_hedge_bytes=sum(len(i.slabs) + (i.snapshot in fold.tails) for i in hedges) * slab_bytes,
         fold_seconds=folded - started,
     )
     _verify(check, contents, slab_file)

@@ -65,6 +65,8 @@ def summary_lines(check: DirectoryCheck, fingerprint: bool = True) -> list[str]:
         + (f"; torn tail of {check.torn_bytes} bytes ({check.damage})" if check.torn_bytes else ""),
         f"listed        {check.listed_snapshots} snapshots ({check.listed_superseded} superseded), "
         f"{check.listed_blocks} blocks",
+        f"  of which hedges {check.listed_hedges} snapshots, {check.listed_hedge_bytes / 2**20:.2f} MiB "
+        "(images and tails)",
         f"inexact       {check.listed_inexact_snapshots} snapshots, {check.listed_inexact_blocks} blocks "
         "listed (from decode steps: resumed from only with --inexact-resume)",
         f"restorable    {check.restorable_snapshots} snapshots, {check.restorable_blocks} blocks "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridcache.cache.records import SnapshotKind
 from hybridcache.core.frontend import Frontend
 from hybridcache.persistence.cache_dir import contents_path, slabs_path
 from hybridcache.persistence.contents_file import read_contents
@@ -66,3 +67,21 @@ def test_a_damaged_slab_makes_both_exit_1_naming_the_entry(cache_dir: Path, tmp_
 def test_a_directory_without_contents_is_exit_2(tmp_path: Path, capsys):
     code, _ = cli(inspect, capsys, tmp_path)
     assert code == 2
+
+
+def test_inspect_totals_the_hedges_it_lists(cache_dir: Path, capsys):
+    """The hedge images of the directory, each a whole number of slabs (a hedge sits on the block grid,
+    so it has no tail page), appear on the "of which hedges" line and in --json."""
+    contents = read_contents(contents_path(cache_dir))
+    geometry = contents.header.geometry
+    hedges = [image for image in contents.fold.images.values() if image.kind == SnapshotKind.HEDGE]
+    assert hedges, "the fixture's prompts are long enough to be hedged"
+    assert all(not image.tail_tokens for image in hedges)
+    image_slabs = -(-geometry.image_bytes // geometry.slab_bytes)
+    total = len(hedges) * image_slabs * geometry.slab_bytes
+    code, out = cli(inspect, capsys, cache_dir)
+    assert code == 0
+    assert f"  of which hedges {len(hedges)} snapshots, {total / 2**20:.2f} MiB (images and tails)" in out
+    code, out = cli(inspect, capsys, cache_dir, "--json")
+    report = json.loads(out)
+    assert (report["listed_hedges"], report["listed_hedge_bytes"]) == (len(hedges), total)
