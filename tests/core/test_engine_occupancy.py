@@ -17,7 +17,11 @@ async def _idle_stats(engine, timeout_s: float = 10.0) -> dict:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         stats = engine.stats()
-        settled = not stats["requests_running"] and not stats["host_writes_in_flight"]
+        # an idle-time endpoint refill holds a lane (and pins its path) while it runs, without counting as
+        # a running request: idle means it is done too
+        busy = ("requests_running", "host_writes_in_flight", "endpoint_refills_running",
+                "endpoint_refills_pending")
+        settled = not any(stats[key] for key in busy)
         if settled or asyncio.get_running_loop().time() > deadline:
             return stats
         await asyncio.sleep(0.02)
