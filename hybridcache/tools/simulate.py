@@ -6,7 +6,8 @@ prints one name=value per line: what was computed, what was reused from device a
 evicted, and the infinite-cache bound (computed_vs_bound). --sweep runs several host budgets (and, with
 --plot, every policy) and prints a table. --sweep-users 4,8,12,16 prints, per number of concurrent users,
 what ``ours``, the offline ``oracle`` (Belady, same capacity; sim/oracle.py), ``align`` and ``lru``
-compute.
+compute, with the capacity floor of ours's admission order (a proven lower bound for a cache of that
+size; sim/capacity_floor.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+import msgspec
 
 from hybridcache.cache.write_back import HostWrite
 from hybridcache.config import HedgeBudget, parse_hedge_budget
@@ -73,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "image is larger than the KV of 256 tokens, as for the 27B shapes)",
     )
     parser.add_argument(
+        "--capacity-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also compute the capacity floor of the run's admission order: the fewest tokens any cache "
+        "of the same device pages and host bytes could compute (sim/capacity_floor.py; --sweep-users "
+        "computes it for ours)",
+    )
+    parser.add_argument(
         "--host-write",
         default=HostWrite.BACK.value,
         choices=[w.value for w in HostWrite],
@@ -115,6 +126,7 @@ def _config(args: argparse.Namespace, policy: Policy, host_mib: int) -> SimConfi
         host_write=HostWrite(args.host_write),
         hedges=args.hedges,
         hedge_budget=args.hedge_budget,
+        capacity_floor=args.capacity_floor,
     )
 
 
@@ -161,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
         for count in users:
             args.users = count
             ours, oracle = simulate_with_oracle(trace, _config(args, Policy.OURS, args.host_cache_mib))
-            align = simulate(trace, _config(args, Policy.ALIGN, args.host_cache_mib))
-            lru = simulate(trace, _config(args, Policy.LRU, args.host_cache_mib))
+            baseline = _config(args, Policy.ALIGN, args.host_cache_mib)
+            baseline = msgspec.structs.replace(baseline, capacity_floor=False)
+            align = simulate(trace, baseline)
+            lru = simulate(trace, msgspec.structs.replace(baseline, policy=Policy.LRU))
             points.append(UsersPoint(count, ours, oracle, align, lru))
             row = users_table(points[-1:])[1]
             print(f"hybridcache simulate: {count} users done: {row.split()}", file=sys.stderr, flush=True)

@@ -38,6 +38,7 @@ class InfiniteCacheBound:
     def __init__(self) -> None:
         self.tokens = 0
         self.literal_tokens = 0
+        self.unshared_tokens = 0  # the same without the n - 1 cap (sim/capacity_floor.py builds on it)
         self._seen_blocks: set[int] = set()
         self._last_blocks: dict[int, list[bytes]] = {}
         self._seen_prompt_blocks: set[int] = set()
@@ -49,6 +50,7 @@ class InfiniteCacheBound:
         shared = self._shared_prefix(material)
         bound = n - min(shared, n - 1)
         self.tokens += bound
+        self.unshared_tokens += n - shared
         self.literal_tokens += self._literal(material)
         self._record(material)
         return bound

@@ -56,6 +56,17 @@ def result_lines(trace_name: str, trace_format: str, config: SimConfig, result: 
         "simulated_seconds": result.simulated_seconds,
         "wall_seconds": result.wall_seconds,
     }
+    floor = result.capacity_floor
+    if floor is not None:
+        derived.update({
+            "capacity_floor_tokens": floor.tokens,
+            "capacity_floor_vs_bound": floor.tokens / max(result.bound_tokens, 1),
+            "computed_vs_capacity_floor": result.counters.computed_tokens / max(floor.tokens, 1),
+            "capacity_floor_blocks": floor.capacity_blocks,
+            "capacity_floor_belady_misses": floor.belady_misses,
+            "capacity_floor_output_repeats": floor.output_repeats,
+            "capacity_floor_seconds": result.floor_seconds,
+        })
     return [f"{name}={_format(value)}" for name, value in {**settings, **counters, **derived}.items()]
 
 
@@ -104,23 +115,29 @@ class UsersPoint(NamedTuple):
     lru: SimResult
 
 
-USERS_COLUMNS = ("users", "bound_tokens", "ours", "oracle", "align", "lru", "ours_vs_bound",
-                 "oracle_vs_bound", "align_vs_bound", "lru_vs_bound", "ours_vs_oracle", "align_excess_closed")
+USERS_COLUMNS = ("users", "bound_tokens", "ours", "oracle", "align", "lru", "floor", "ours_vs_bound",
+                 "oracle_vs_bound", "align_vs_bound", "lru_vs_bound", "floor_vs_bound", "ours_vs_floor",
+                 "ours_vs_oracle", "align_excess_closed")
 
 
 def users_table(points: Sequence[UsersPoint]) -> list[str]:
     """A fixed-width table, one row per concurrency: computed prefill tokens of each policy, each over the
-    bound, ours over the oracle, and the share of align's excess over the bound that ours closes,
-    (align − ours) / (align − bound). Header first. Pure."""
+    bound, the capacity floor of ours's admission order (sim/capacity_floor.py; "-" when not computed),
+    ours over the floor and over the oracle, and the share of align's excess over the bound that ours
+    closes, (align − ours) / (align − bound). Header first. Pure."""
     rows = [list(USERS_COLUMNS)]
     for point in points:
         bound = point.ours.bound_tokens
         results = (point.ours, point.oracle, point.align, point.lru)
         ours, oracle, align, lru = (r.counters.computed_tokens for r in results)
         closed = (align - ours) / (align - bound) if align != bound else float("nan")
-        rows.append([str(point.users), str(bound), str(ours), str(oracle), str(align), str(lru),
-                     *(f"{value / max(bound, 1):.4f}" for value in (ours, oracle, align, lru)),
-                     f"{ours / max(oracle, 1):.4f}", f"{closed:.3f}"])
+        floor = point.ours.capacity_floor
+        floor_cells = ["-", "-", "-"] if floor is None else [
+            str(floor.tokens), f"{floor.tokens / max(bound, 1):.4f}", f"{ours / max(floor.tokens, 1):.4f}"]
+        counts = [str(point.users), str(bound), str(ours), str(oracle), str(align), str(lru)]
+        ratios = [f"{value / max(bound, 1):.4f}" for value in (ours, oracle, align, lru)]
+        rows.append([*counts, floor_cells[0], *ratios, *floor_cells[1:], f"{ours / max(oracle, 1):.4f}",
+                     f"{closed:.3f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(USERS_COLUMNS))]
     return ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
 

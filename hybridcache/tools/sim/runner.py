@@ -24,6 +24,7 @@ from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
 from hybridcache.cache.write_back import HostWrite
 from hybridcache.config import HedgeBudget
 from hybridcache.tools.sim.bound import InfiniteCacheBound
+from hybridcache.tools.sim.capacity_floor import AccessLog, CapacityFloor
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
 from hybridcache.tools.sim.excess import ExcessSplit
@@ -48,6 +49,7 @@ class SimConfig(msgspec.Struct, frozen=True, kw_only=True):
     host_write: HostWrite = HostWrite.BACK
     hedges: bool = True  # HEDGE taps near each prompt end (tap_planner)
     hedge_budget: HedgeBudget = "auto"  # host bytes of hedge images (cache/hedge_admission.py)
+    capacity_floor: bool = False  # also compute the floor of this run's admission order (capacity_floor.py)
 
     def snapshot_slots(self) -> int:
         if self.device_snapshot_slots is not None:
@@ -63,6 +65,8 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     bound_tokens_inputs_only: int
     simulated_seconds: float
     wall_seconds: float
+    capacity_floor: CapacityFloor | None = None  # with SimConfig.capacity_floor
+    floor_seconds: float = 0.0  # wall seconds the floor took (not in wall_seconds)
 
     @property
     def computed_vs_bound(self) -> float:
@@ -121,6 +125,7 @@ class Simulation:
         self._running: dict[int, _Item] = {}
         self.now = 0.0
         self.admitted: list[tuple[_Item, list[int]]] = []  # (request, its prompt's full-block hashes)
+        self.accesses = AccessLog() if config.capacity_floor else None
 
     # ------------------------------------------------------------------ setup
     def _group_users(self) -> list[_User]:
@@ -164,6 +169,12 @@ class Simulation:
                 self._admit()
         stats = self.driver.cache.stats
         self.counters.hedge_writes_refused = stats.hedge_writes_refused
+        wall = time.perf_counter() - started
+        floor = None
+        if self.accesses is not None:
+            geometry = self.driver.cache.index.geometry
+            capacity = geometry.num_pages + geometry.host_cache_bytes // geometry.slab_bytes
+            floor = self.accesses.floor(capacity, self.bound.unshared_tokens, self.bound.tokens)
         excess = self.excess
         self.counters.excess_capacity_tokens = excess.capacity_tokens
         self.counters.excess_placement_tokens = excess.placement_tokens
@@ -174,7 +185,9 @@ class Simulation:
             bound_tokens=self.bound.tokens,
             bound_tokens_inputs_only=self.bound.literal_tokens,
             simulated_seconds=self.now,
-            wall_seconds=time.perf_counter() - started,
+            wall_seconds=wall,
+            capacity_floor=floor,
+            floor_seconds=time.perf_counter() - started - wall,
         )
 
     def _push(self, at: float, kind: int, payload: object) -> None:
@@ -226,6 +239,12 @@ class Simulation:
 
     def _record_admission(self, item: _Item, material: RequestMaterial) -> None:
         self.admitted.append((item, list(material.block_hashes[: material.prompt_tokens // BLOCK_TOKENS])))
+        if self.accesses is not None:
+            self.accesses.record(
+                material.block_hashes,
+                material.prompt_tokens // BLOCK_TOKENS,
+                material.committed_tokens // BLOCK_TOKENS,
+            )
         cache = self.driver.cache
         if isinstance(cache, OracleCache):
             cache.future.admitted(item)
@@ -295,7 +314,7 @@ def simulate_with_oracle(trace: Trace, config: SimConfig) -> tuple[SimResult, Si
     run. Pure with respect to its inputs."""
     ours = Simulation(trace, msgspec.structs.replace(config, policy=Policy.OURS))
     ours_result = ours.run()
-    oracle = Simulation(trace, msgspec.structs.replace(config, policy=Policy.ORACLE))
+    oracle = Simulation(trace, msgspec.structs.replace(config, policy=Policy.ORACLE, capacity_floor=False))
     cache = oracle.driver.cache
     assert isinstance(cache, OracleCache)
     cache.future = FutureUses(ours.admitted)
