@@ -24,12 +24,13 @@ from hybridcache.tools.sim.policies import Policy
 from hybridcache.tools.sim.report import (
     SweepPoint,
     UsersPoint,
+    explain_lines,
     plot_sweep,
     result_lines,
     sweep_table,
     users_table,
 )
-from hybridcache.tools.sim.runner import SimConfig, simulate, simulate_with_oracle
+from hybridcache.tools.sim.runner import SimConfig, simulate, simulate_explained, simulate_with_oracle
 from hybridcache.tools.sim.shapes import DEFAULT_SHAPE, SHAPES, get_shape
 from hybridcache.tools.traces import TraceFormatError, load_trace
 
@@ -82,6 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also compute the capacity floor of the run's admission order: the fewest tokens any cache "
         "of the same device pages and host bytes could compute (sim/capacity_floor.py; --sweep-users "
         "computes it for ours)",
+    )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="run ours twice (the first run gives the future) and print what the host held whenever a "
+        "snapshot that a request within 50 admissions needs was deleted (sim/explain.py)",
     )
     parser.add_argument(
         "--host-write",
@@ -184,8 +191,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if budgets is None:
         config = _config(args, Policy(args.policy), args.host_cache_mib)
-        result = simulate(trace, config)
-        print("\n".join(result_lines(trace.name, trace.format, config, result)))
+        if args.explain:
+            if config.policy is not Policy.OURS:
+                print("hybridcache simulate: --explain watches the ours policy only", file=sys.stderr)
+                return 2
+            result, explained = simulate_explained(trace, config)
+            lines = result_lines(trace.name, trace.format, config, result) + explain_lines(explained)
+        else:
+            lines = result_lines(trace.name, trace.format, config, simulate(trace, config))
+        print("\n".join(lines))
         return 0
     policies = list(Policy) if args.plot else [Policy(args.policy)]
     if args.plot is not None:

@@ -51,11 +51,13 @@ def make_cache(
     journal: list | None = None,
     host_write: HostWrite = HostWrite.BACK,
     hedge_budget_bytes: int | None = None,
+    ours_class: type[Cache] = Cache,
 ) -> Cache:
     """A fresh cache for ``policy`` (``journal``: anything with ``append(event)``); every policy uses the
-    same host write mode (``cache/write_back.py``) and hedge budget (``cache/hedge_admission.py``). Pure
-    constructor."""
-    cls = {Policy.LRU: LruCache, Policy.ORACLE: OracleCache}.get(policy, Cache)
+    same host write mode (``cache/write_back.py``) and hedge budget (``cache/hedge_admission.py``);
+    ``ours_class`` is the facade ``ours`` and ``align`` run on (a subclass that observes, explain.py).
+    Pure constructor."""
+    cls = {Policy.LRU: LruCache, Policy.ORACLE: OracleCache}.get(policy, ours_class)
     return cls(geometry, cost, journal, host_write, hedge_budget_bytes=hedge_budget_bytes)
 
 

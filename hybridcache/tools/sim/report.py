@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from hybridcache.tools.sim.explain import ExplainReport
 from hybridcache.tools.sim.runner import SimConfig, SimResult
 
 
@@ -68,6 +69,11 @@ def result_lines(trace_name: str, trace_format: str, config: SimConfig, result: 
             "capacity_floor_seconds": result.floor_seconds,
         })
     return [f"{name}={_format(value)}" for name, value in {**settings, **counters, **derived}.items()]
+
+
+def explain_lines(report: ExplainReport) -> list[str]:
+    """``explain_<field>=value`` per line (sim/explain.py). Pure."""
+    return [f"explain_{name}={_format(value)}" for name, value in msgspec.structs.asdict(report).items()]
 
 
 SWEEP_COLUMNS = (

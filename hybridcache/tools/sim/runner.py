@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from hybridcache.cache.facade import Cache
 from hybridcache.cache.hedge_admission import resolve_hedge_budget
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.cache.tap_planner import HintKind, TapHint, derive_tap_options
@@ -28,6 +29,7 @@ from hybridcache.tools.sim.capacity_floor import AccessLog, CapacityFloor
 from hybridcache.tools.sim.counters import EvictionTally, SimCounters
 from hybridcache.tools.sim.driver import Admission, RequestDriver
 from hybridcache.tools.sim.excess import ExcessSplit
+from hybridcache.tools.sim.explain import CensusCache, ExplainReport
 from hybridcache.tools.sim.material import RequestMaterial, build_material, generated_count
 from hybridcache.tools.sim.oracle import FutureUses, OracleCache
 from hybridcache.tools.sim.policies import Policy, make_cache
@@ -88,12 +90,13 @@ class _User:
 
 
 _ARRIVE, _FINISH = 0, 1
+_KNOWS_THE_FUTURE = (OracleCache, CensusCache)  # caches told each admission (their FutureUses moves)
 
 
 class Simulation:
     """One run over one trace. Mutable; call ``run`` once."""
 
-    def __init__(self, trace: Trace, config: SimConfig) -> None:
+    def __init__(self, trace: Trace, config: SimConfig, ours_class: type[Cache] = Cache) -> None:
         self.trace = trace
         self.config = config
         self.counters = SimCounters()
@@ -102,7 +105,9 @@ class Simulation:
         )
         tally = EvictionTally(self.counters)
         hedge_budget = resolve_hedge_budget(config.hedge_budget, geometry)
-        cache = make_cache(config.policy, geometry, config.shape.cost, tally, config.host_write, hedge_budget)
+        cache = make_cache(
+            config.policy, geometry, config.shape.cost, tally, config.host_write, hedge_budget, ours_class
+        )
         options = derive_tap_options(
             config.shape.cost.prefill_chunk_tokens,
             geometry.has_host_tier,
@@ -215,7 +220,7 @@ class Simulation:
                 material = self._material(item)
                 self._queue[0] = (item, material)
             computed_before = driver.counters.computed_tokens
-            if isinstance(driver.cache, OracleCache):
+            if isinstance(driver.cache, _KNOWS_THE_FUTURE):
                 driver.cache.future.arriving(item)
             self.excess.admitting()
             outcome = driver.admit(material, self._hints(item, material))
@@ -246,7 +251,7 @@ class Simulation:
                 material.committed_tokens // BLOCK_TOKENS,
             )
         cache = self.driver.cache
-        if isinstance(cache, OracleCache):
+        if isinstance(cache, _KNOWS_THE_FUTURE):
             cache.future.admitted(item)
 
     def _finish(self, lane: int) -> None:
@@ -319,3 +324,18 @@ def simulate_with_oracle(trace: Trace, config: SimConfig) -> tuple[SimResult, Si
     assert isinstance(cache, OracleCache)
     cache.future = FutureUses(ours.admitted)
     return ours_result, oracle.run()
+
+
+def simulate_explained(trace: Trace, config: SimConfig) -> tuple[SimResult, ExplainReport]:
+    """A run of ``ours`` watched by explain.py's census, which knows the admission order of an earlier
+    run under the same settings (that run's result is returned: the watched one repeats it). Pure with
+    respect to its inputs."""
+    config = msgspec.structs.replace(config, policy=Policy.OURS)
+    first = Simulation(trace, config)
+    result = first.run()
+    watched = Simulation(trace, msgspec.structs.replace(config, capacity_floor=False), CensusCache)
+    cache = watched.driver.cache
+    assert isinstance(cache, CensusCache)
+    cache.future = FutureUses(first.admitted)
+    watched.run()
+    return result, cache.report()
