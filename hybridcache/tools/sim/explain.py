@@ -5,9 +5,10 @@ loss (it was full of things somebody needs).
 Two runs of ``ours`` over the same trace and settings: the first gives the admission order (the future,
 as for ``oracle``); the second watches every event before it is applied. A ``SnapshotDeleted`` whose
 snapshot a request within ``HORIZON`` admissions needs (``FutureUses``' rule: the request passes the
-snapshot's anchor but no dependent's anchor, so it would resume there) is counted by the snapshot's place
-in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and by whether
-it had a host image (the host planner deleted it) or not (the device slot planner did). Every
+snapshot's anchor but no dependent's anchor, so it would resume there) is counted by what the snapshot was:
+a hedge (tap_planner's HEDGE; for the 27B shapes device-only by design, the hedge budget being 0), else by
+its place in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and
+by whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
 ``SAMPLE_EVERY``-th such deletion takes a census of the host: image bytes of snapshots that no later
 request needs against needed ones, and bytes of host KV blocks that no later prompt holds against the
 rest. A census walks every snapshot and node, so it is sampled. Mutable; not a serving policy.
@@ -21,7 +22,7 @@ import msgspec
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.facade import Cache
-from hybridcache.cache.records import Snapshot
+from hybridcache.cache.records import Snapshot, SnapshotKind
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 
 HORIZON = 50  # admissions: a deletion of a snapshot needed within this many requests is counted
@@ -32,10 +33,11 @@ MIB = float(1 << 20)
 class ExplainReport(msgspec.Struct, frozen=True, kw_only=True):
     """The counts and the median census (MiB) over the sampled deletions."""
 
+    needed_deleted_hedge: int  # a hedge
     needed_deleted_newest: int  # the newest snapshot of its lineage
     needed_deleted_parent: int  # the parent of a newest snapshot
     needed_deleted_middle: int  # deeper in a lineage
-    needed_deleted_device_only: int  # of all three: no host image (deleted for a device slot)
+    needed_deleted_device_only: int  # of all four: no host image (deleted for a device slot)
     censuses: int
     host_images_never_needed_mib: float
     host_images_needed_mib: float
@@ -51,7 +53,7 @@ class CensusCache(Cache):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.future = FutureUses(())
-        self._roles = {"newest": 0, "parent": 0, "middle": 0}
+        self._roles = {"hedge": 0, "newest": 0, "parent": 0, "middle": 0}
         self._device_only = 0
         self._counted = 0
         self._samples: list[tuple[float, float, float, float]] = []
@@ -72,7 +74,9 @@ class CensusCache(Cache):
         when = self._needed_at(snap)
         if when == NEVER or when - self.future.position > HORIZON:
             return
-        if not snap.dependents:
+        if snap.kind == SnapshotKind.HEDGE:
+            role = "hedge"
+        elif not snap.dependents:
             role = "newest"
         elif any(not d.dependents for d in snap.dependents.values()):
             role = "parent"
@@ -107,6 +111,7 @@ class CensusCache(Cache):
         columns = list(zip(*self._samples, strict=True)) if self._samples else [(0.0,)] * 4
         medians = [statistics.median(column) for column in columns]
         return ExplainReport(
+            needed_deleted_hedge=self._roles["hedge"],
             needed_deleted_newest=self._roles["newest"],
             needed_deleted_parent=self._roles["parent"],
             needed_deleted_middle=self._roles["middle"],
