@@ -50,9 +50,15 @@ than ten minutes decide it), so compare policies over several settings: against 
   that supersession and SUPERSEDED_WEIGHT 0.25: 1.24, 7 users 1.29 but 9 users 1.51); never lowering
   the newest snapshot's H on a structural revaluation 1.27; SUPERSEDED_WEIGHT 1.0 1.25; tempering
   exponents 0.4 and 0.6 1.28 and 1.26; no prompt-tail tap after an endpoint resume 1.29 (the next
-  non-echoing turn loses it). What remains over the bound is capacity: about 5 M of the 8.4 M excess
-  tokens are conversations re-prefilled whole after their newest snapshot left the tier, and about
-  25 GiB of the 64 GiB tier holds host copies of blocks that are also device-resident.
+  non-echoing turn loses it). Later (whole set, 8 users, 64 GiB, today 1.1230), also rejected:
+  tempering exponents 0.25 and 0.75 1.1266 and 1.1940; SUPERSEDED_WEIGHT 0.25 and 1.0 1.1889 and
+  1.1342; superseded snapshots valued with one hit fewer (the continuation that superseded them) 1.1393;
+  dropping the host copies of device-resident blocks before any snapshot (MRU first) 1.1530 (the device
+  then writes them back into a full tier). What remains over the bound is not room: the capacity floor
+  (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever be lost for want of it,
+  and ``simulate --explain`` that whenever a snapshot a request needs soon is deleted, the tier holds
+  (median) 21 GiB of images and 28 GiB of KV that no later request uses. The policy's task is to tell
+  those apart.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """

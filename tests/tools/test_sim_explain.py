@@ -22,11 +22,13 @@ def test_explain_counts_needed_deletions_and_samples_the_host(tmp_path):
     counted = _needed_deletions(report)
     assert counted > 0
     assert report.needed_deleted_device_only <= counted
-    assert report.censuses == -(-counted // SAMPLE_EVERY)
+    lineage = counted - report.needed_deleted_hedge
+    assert report.censuses == -(-lineage // SAMPLE_EVERY)
     assert report.host_images_never_needed_mib >= 0 and report.host_images_needed_mib >= 0
     _, no_host = simulate_explained(trace, config(host_cache_mib=0, device_pages=30, users=2))
     assert no_host.needed_deleted_parent > 0  # without a host tier a lineage's parent snapshot goes too
     assert no_host.needed_deleted_device_only == _needed_deletions(no_host)
+    assert no_host.censuses == -(-(_needed_deletions(no_host) - no_host.needed_deleted_hedge) // SAMPLE_EVERY)
     _, roomy = simulate_explained(trace, config(host_cache_mib=64, device_pages=512, users=2))
     assert _needed_deletions(roomy) == 0 and roomy.censuses == 0
 

@@ -9,7 +9,8 @@ snapshot's anchor but no dependent's anchor, so it would resume there) is counte
 a hedge (tap_planner's HEDGE; for the 27B shapes device-only by design, the hedge budget being 0), else by
 its place in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and
 by whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
-``SAMPLE_EVERY``-th such deletion takes a census of the host: image bytes of snapshots that no later
+``SAMPLE_EVERY``-th such deletion of a lineage snapshot (hedges go for device slots, not host room)
+takes a census of the host: image bytes of snapshots that no later
 request needs against needed ones, and bytes of host KV blocks that no later prompt holds against the
 rest. A census walks every snapshot and node, so it is sampled. Mutable; not a serving policy.
 """
@@ -26,7 +27,7 @@ from hybridcache.cache.records import Snapshot, SnapshotKind
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 
 HORIZON = 50  # admissions: a deletion of a snapshot needed within this many requests is counted
-SAMPLE_EVERY = 8  # one census per this many counted deletions
+SAMPLE_EVERY = 4  # one census per this many counted deletions of lineage snapshots
 MIB = float(1 << 20)
 
 
@@ -55,7 +56,7 @@ class CensusCache(Cache):
         self.future = FutureUses(())
         self._roles = {"hedge": 0, "newest": 0, "parent": 0, "middle": 0}
         self._device_only = 0
-        self._counted = 0
+        self._counted = 0  # deletions of lineage snapshots (not hedges)
         self._samples: list[tuple[float, float, float, float]] = []
 
     def _apply(self, event: ev.CacheEvent) -> None:
@@ -84,6 +85,8 @@ class CensusCache(Cache):
             role = "middle"
         self._roles[role] += 1
         self._device_only += not snap.host_slabs
+        if role == "hedge":
+            return
         if self._counted % SAMPLE_EVERY == 0:
             self._samples.append(self._census())
         self._counted += 1
