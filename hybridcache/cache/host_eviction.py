@@ -54,7 +54,9 @@ than ten minutes decide it), so compare policies over several settings: against 
   tempering exponents 0.25 and 0.75 1.1266 and 1.1940; SUPERSEDED_WEIGHT 0.25 and 1.0 1.1889 and
   1.1342; superseded snapshots valued with one hit fewer (the continuation that superseded them) 1.1393;
   dropping the host copies of device-resident blocks before any snapshot (MRU first) 1.1530 (the device
-  then writes them back into a full tier). What remains over the bound is not room: the capacity floor
+  then writes them back into a full tier); full weight for a superseded snapshot that is the parent of
+  its lineage's newest (revalued when the lineage grows): 8 users 1.1204, but 7 users 1.1620 -> 1.1821
+  and 9 users 1.1787 -> 1.2251. What remains over the bound is not room: the capacity floor
   (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever be lost for want of it,
   and ``simulate --explain`` that whenever a snapshot a request needs soon is deleted, the tier holds
   (median) 21 GiB of images and 28 GiB of KV that no later request uses. The policy's task is to tell
