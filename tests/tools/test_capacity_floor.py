@@ -112,18 +112,3 @@ def test_cli_prints_the_floor_unless_asked_not_to(tmp_path, capsys):
     assert values["capacity_floor_blocks"] == "30"  # no host tier: the device pages alone
     assert simulate_cli.main([*paths, *tight, "--no-capacity-floor"]) == 0
     assert "capacity_floor_tokens" not in capsys.readouterr().out
-
-
-def test_cli_sweep_users_puts_ours_over_its_floor(tmp_path, capsys):
-    paths = [str(p) for p in story_traces(tmp_path)]
-    code = simulate_cli.main([*paths, "--model-shape", "tiny", "--host-cache-mib", "1",
-                              "--device-pages", "40", "--sweep-users", "1,2"])
-    assert code == 0
-    header, *rows = capsys.readouterr().out.strip().splitlines()
-    columns = header.split()
-    for row in rows:
-        cells = dict(zip(columns, row.split(), strict=True))
-        bound, ours, floor = int(cells["bound_tokens"]), int(cells["ours"]), int(cells["floor"])
-        assert bound <= floor <= ours
-        assert float(cells["ours_vs_floor"]) == pytest.approx(ours / floor, abs=1e-4)
-        assert float(cells["floor_vs_bound"]) == pytest.approx(floor / bound, abs=1e-4)
