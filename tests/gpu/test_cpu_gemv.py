@@ -14,6 +14,13 @@ pytestmark = pytest.mark.skipif(
     not (STATUS.active and can_pack(torch.bfloat16, "cpu")), reason=f"kernel not in use here: {STATUS.reason}"
 )
 
+LAYOUT_HERE = STATUS.active and can_pack(torch.bfloat16, "cpu") and cpu_gemv.packed_layout(96, 64) is not None
+needs_the_layout = pytest.mark.skipif(
+    not LAYOUT_HERE,
+    reason="oneDNN packs bf16 weights in another layout on this CPU (seen: rows padded to a multiple of 64 "
+    "on an AVX-512 BF16 CPU without AMX), so decode's products stay oneDNN's; the other tests check that",
+)
+
 SHAPES = [(96, 64), (100, 64), (1000, 70), (1024, 2048), (257, 1030)]
 """Whole 32-row blocks, a part block, padded columns (70 -> 96), a real shape, and both paddings at once."""
 
@@ -28,6 +35,7 @@ def _rows(m: int, k: int, seed: int) -> torch.Tensor:
     return torch.randn(m, k, generator=generator).to(torch.bfloat16)
 
 
+@needs_the_layout
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 def test_packed_layout_is_recognized_and_products_match_float64(n: int, k: int) -> None:
     assert cpu_gemv.packed_layout(n, k) is not None
@@ -84,6 +92,7 @@ def test_odd_columns_are_not_the_kernels_layout() -> None:
     assert torch.allclose(linear(x, packed).float(), (x.float() @ _weight(64, 63, 1).float().T), atol=2e-2)
 
 
+@needs_the_layout
 def test_a_freed_weight_leaves_the_registry() -> None:
     packed = pack_weight(_weight(96, 64, 2))
     key = id(packed)
