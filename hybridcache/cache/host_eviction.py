@@ -56,11 +56,12 @@ than ten minutes decide it), so compare policies over several settings: against 
   dropping the host copies of device-resident blocks before any snapshot (MRU first) 1.1530 (the device
   then writes them back into a full tier); full weight for a superseded snapshot that is the parent of
   its lineage's newest (revalued when the lineage grows): 8 users 1.1204, but 7 users 1.1620 -> 1.1821
-  and 9 users 1.1787 -> 1.2251. What remains over the bound is not room: the capacity floor
-  (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever be lost for want of it,
-  and ``simulate --explain`` that whenever a snapshot a request needs soon is deleted, the tier holds
-  (median) 21 GiB of images and 28 GiB of KV that no later request uses. The policy's task is to tell
-  those apart.
+  and 9 users 1.1787 -> 1.2251; tempering exponent 0.35 for a lineage's newest snapshot (0.5 for the
+  rest): 8 users 1.1054, but 7 users 1.1823 and 9 users 1.1827. What remains over the bound is not
+  room: the capacity floor (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever
+  be lost for want of it, and ``simulate --explain`` that whenever a snapshot a request needs soon is
+  deleted, the tier holds (median) 21 GiB of images and 28 GiB of KV that no later request uses. The
+  policy's task is to tell those apart.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
