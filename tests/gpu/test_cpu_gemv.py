@@ -10,13 +10,11 @@ from hybridcache.gpu.model.linear import linear, pack_weight
 from hybridcache.gpu.model.onednn_packing import can_pack
 
 STATUS = cpu_kernels.status()
-pytestmark = pytest.mark.skipif(
-    not (STATUS.active and can_pack(torch.bfloat16, "cpu")), reason=f"kernel not in use here: {STATUS.reason}"
-)
+KERNEL_HERE = STATUS.active and can_pack(torch.bfloat16, "cpu")
+pytestmark = pytest.mark.skipif(not KERNEL_HERE, reason=f"kernel not in use here: {STATUS.reason}")
 
-LAYOUT_HERE = STATUS.active and can_pack(torch.bfloat16, "cpu") and cpu_gemv.packed_layout(96, 64) is not None
 needs_the_layout = pytest.mark.skipif(
-    not LAYOUT_HERE,
+    not (KERNEL_HERE and cpu_gemv.packed_layout(96, 64) is not None),
     reason="oneDNN packs bf16 weights in another layout on this CPU (seen: rows padded to a multiple of 64 "
     "on an AVX-512 BF16 CPU without AMX), so decode's products stay oneDNN's; the other tests check that",
 )

@@ -447,14 +447,13 @@ def test_cli_sweep_users_prints_every_policy_per_concurrency(tmp_path, capsys):
     columns = header.split()
     assert columns[:6] == ["users", "bound_tokens", "ours", "oracle", "align", "lru"]
     assert [row.split()[0] for row in rows] == ["1", "2"]
-    for row in rows:  # ours over its capacity floor, the floor over the bound
-        cells = dict(zip(columns, row.split(), strict=True))
-        bound, ours, floor = int(cells["bound_tokens"]), int(cells["ours"]), int(cells["floor"])
-        assert bound <= floor <= ours
-        assert float(cells["ours_vs_floor"]) == pytest.approx(ours / floor, abs=1e-4)
-        assert float(cells["floor_vs_bound"]) == pytest.approx(floor / bound, abs=1e-4)
     for row in rows:
         _, bound, ours, oracle, align, lru, *_, ours_vs_oracle, closed = row.split()
+        cells = dict(zip(columns, row.split(), strict=True))
+        floor = int(cells["floor"])  # ours over its capacity floor, the floor over the bound
+        assert int(bound) <= floor <= int(ours)
+        assert float(cells["ours_vs_floor"]) == pytest.approx(int(ours) / floor, abs=1e-4)
+        assert float(cells["floor_vs_bound"]) == pytest.approx(floor / int(bound), abs=1e-4)
         assert int(bound) <= min(int(ours), int(oracle), int(align), int(lru))
         assert float(ours_vs_oracle) == pytest.approx(int(ours) / int(oracle), abs=1e-4)
         if int(align) != int(bound):

@@ -10,9 +10,9 @@ a hedge (tap_planner's HEDGE; for the 27B shapes device-only by design, the hedg
 its place in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and
 by whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
 ``SAMPLE_EVERY``-th such deletion of a lineage snapshot (hedges go for device slots, not host room)
-takes a census of the host: image bytes of snapshots that no later
-request needs against needed ones, and bytes of host KV blocks that no later prompt holds against the
-rest. A census walks every snapshot and node, so it is sampled. Mutable; not a serving policy.
+takes a census of the host: image bytes of snapshots that no later request needs against needed ones,
+and bytes of host KV blocks that no later prompt holds against the rest. A census walks every snapshot
+and node, so it is sampled. Mutable; not a serving policy.
 """
 
 from __future__ import annotations
