@@ -15,12 +15,14 @@ pytestmark = pytest.mark.skipif(not KERNEL_HERE, reason=f"kernel not in use here
 
 needs_the_layout = pytest.mark.skipif(
     not (KERNEL_HERE and cpu_gemv.packed_layout(96, 64) is not None),
-    reason="oneDNN packs bf16 weights in another layout on this CPU (seen: rows padded to a multiple of 64 "
-    "on an AVX-512 BF16 CPU without AMX), so decode's products stay oneDNN's; the other tests check that",
+    reason="oneDNN packs bf16 weights on this CPU in a layout the kernel does not read (it reads blocks of "
+    "32 rows, seen with AMX, and of 64, seen on AVX-512 BF16 without it), so decode's products stay "
+    "oneDNN's; the other tests check that",
 )
 
-SHAPES = [(96, 64), (100, 64), (1000, 70), (1024, 2048), (257, 1030)]
-"""Whole 32-row blocks, a part block, padded columns (70 -> 96), a real shape, and both paddings at once."""
+SHAPES = [(96, 64), (128, 64), (100, 64), (1000, 70), (1024, 2048), (257, 1030)]
+"""Whole 32-row blocks (a part 64-row block), whole blocks of either height, a part block, padded columns
+(70 -> 96), a real shape, and both paddings at once."""
 
 
 def _weight(n: int, k: int, seed: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ COMPILE_TIMEOUT_S = 120
 
 _I64, _PTR, _INT, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
-    "hc_packed_gemv_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT],
+    "hc_packed_gemv_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _INT],
     "hc_gdn_decode_step": [_PTR, _I64] + [_PTR] * 9 + [_I64] * 6 + [_FLOAT, _FLOAT, _INT],
     "hc_rms_norm_bf16": [_PTR, _I64, _I64, _PTR, _FLOAT, _PTR, _INT],
 }
