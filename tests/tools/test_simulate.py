@@ -100,6 +100,13 @@ def assert_excess_is_split(result: SimResult) -> None:
     assert c.excess_capacity_tokens >= 0 and c.excess_placement_tokens >= 0
     assert c.excess_capacity_tokens + c.excess_placement_tokens >= c.computed_tokens - result.bound_tokens
     assert c.excess_capacity_requests <= c.requests and c.excess_placement_requests <= c.requests
+    by_idle = (
+        c.excess_capacity_tokens_first_request,
+        c.excess_capacity_tokens_idle_under_5m,
+        c.excess_capacity_tokens_idle_5_to_30m,
+        c.excess_capacity_tokens_idle_over_30m,
+    )
+    assert min(by_idle) >= 0 and sum(by_idle) == c.excess_capacity_tokens
 
 
 def assert_restores_split_kv_from_state(result: SimResult, cfg: SimConfig) -> None:
@@ -275,11 +282,20 @@ def test_excess_split_by_hand(tmp_path):
     split.published(int(material.block_hashes[6]), ())
     split.published(int(material.block_hashes[7]), tuple(material.tokens[512:517].tolist()))
     split.published(int(material.block_hashes[8]), tuple(range(3)))  # not this prompt's tokens
-    split.charge(material, 640 - 64, 40)
+    split.charge(material, 640 - 64, 40, idle_s=2000.0)
     assert (split.capacity_tokens, split.placement_tokens) == (453, 536 + 83)
     assert (split.capacity_requests, split.placement_requests) == (1, 2)
     split.charge(material, 40, 40)
     assert (split.capacity_tokens, split.placement_tokens) == (453, 619)
+    # the capacity share went to the class of its conversation's idle time (over 30 minutes)
+    assert split.capacity_by_idle == {
+        "first_request": 0, "idle_under_5m": 0, "idle_5_to_30m": 0, "idle_over_30m": 453
+    }
+    split.charge(material, 640 - 64, 40, idle_s=299.0)
+    split.charge(material, 640 - 64, 40)
+    assert split.capacity_by_idle == {
+        "first_request": 453, "idle_under_5m": 453, "idle_5_to_30m": 0, "idle_over_30m": 453
+    }
 
 
 def test_a_request_is_not_charged_against_its_own_snapshots(tmp_path):

@@ -56,6 +56,11 @@ class SimCounters(msgspec.Struct, kw_only=True):
     excess_placement_tokens: int = 0  # computed past the bound: no snapshot was ever taken nearer
     excess_capacity_requests: int = 0
     excess_placement_requests: int = 0
+    # the capacity share by how long the request's conversation had been idle (sim/excess.py)
+    excess_capacity_tokens_first_request: int = 0
+    excess_capacity_tokens_idle_under_5m: int = 0
+    excess_capacity_tokens_idle_5_to_30m: int = 0
+    excess_capacity_tokens_idle_over_30m: int = 0
 
 
 def count_eviction(counters: SimCounters, event: ev.CacheEvent) -> None:

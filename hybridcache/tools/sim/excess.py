@@ -18,6 +18,10 @@ divergence point, when a hint puts it there) are published before it is charged.
 217,704 tokens of placement excess to capacity (whole WEKA set, 27B-INT8, 64 GiB, 8 users: 4,687,600 vs
 4,469,896 capacity tokens; for example a conversation forking off another's prefix where that one had no
 snapshot, then tapping the fork itself).
+The capacity share is also split by how long the request's conversation had been idle (since its previous
+request finished; a conversation's first request has no previous one): on the WEKA set most of it is lost by
+the few requests that return after tens of minutes, whose whole conversation was evicted meanwhile.
+
 Mutable; ``admitting`` before each admission, ``published`` every snapshot, ``charge`` every admitted
 request in admission order, ``settle`` for an admission that was not charged (blocked or dropped).
 """
@@ -26,6 +30,10 @@ from __future__ import annotations
 
 from hybridcache.cache.ids import BLOCK_TOKENS
 from hybridcache.tools.sim.material import RequestMaterial
+
+IDLE_BUCKETS = ((300.0, "idle_under_5m"), (1800.0, "idle_5_to_30m"), (float("inf"), "idle_over_30m"))
+"""Upper bounds (seconds) of the idle-time classes of ``capacity_by_idle``, with their names."""
+FIRST_REQUEST = "first_request"
 
 
 class ExcessSplit:
@@ -37,6 +45,7 @@ class ExcessSplit:
         self.placement_tokens = 0
         self.capacity_requests = 0  # requests with a capacity share
         self.placement_requests = 0  # requests with a placement share
+        self.capacity_by_idle = dict.fromkeys([FIRST_REQUEST, *(name for _, name in IDLE_BUCKETS)], 0)
         self._admitting: list[tuple[int, tuple[int, ...]]] | None = None  # published during an admission
 
     def admitting(self) -> None:
@@ -56,20 +65,26 @@ class ExcessSplit:
         for anchor_hash, tail in held:
             self.published(anchor_hash, tail)
 
-    def charge(self, material: RequestMaterial, computed: int, bound: int) -> None:
+    def charge(
+        self, material: RequestMaterial, computed: int, bound: int, idle_s: float | None = None
+    ) -> None:
         """Split one request's excess (``computed`` tokens against its ``bound``) between the causes, by
-        the snapshots published before its admission; then record its own (``settle``)."""
+        the snapshots published before its admission; then record its own (``settle``). ``idle_s``: how
+        long its conversation had been idle (None for a conversation's first request)."""
         excess = computed - bound
         if excess > 0:
-            self._split(material, computed, bound, excess)
+            self._split(material, computed, bound, excess, idle_s)
         self.settle()
 
-    def _split(self, material: RequestMaterial, computed: int, bound: int, excess: int) -> None:
+    def _split(
+        self, material: RequestMaterial, computed: int, bound: int, excess: int, idle_s: float | None
+    ) -> None:
         n = material.prompt_tokens
         base, divergence = n - computed, n - bound
         deepest = self._deepest_published(material, base, divergence)
         capacity = max(deepest - base, 0)
         self.capacity_tokens += capacity
+        self.capacity_by_idle[idle_class(idle_s)] += capacity
         self.placement_tokens += excess - capacity
         self.capacity_requests += capacity > 0
         self.placement_requests += excess > capacity
@@ -92,3 +107,10 @@ class ExcessSplit:
                     return start + best
             block -= 1
         return base
+
+
+def idle_class(idle_s: float | None) -> str:
+    """The ``capacity_by_idle`` class of a request whose conversation was idle ``idle_s`` seconds. Pure."""
+    if idle_s is None:
+        return FIRST_REQUEST
+    return next(name for bound, name in IDLE_BUCKETS if idle_s < bound)

@@ -117,6 +117,7 @@ class Simulation:
         self.driver = RequestDriver(cache, config.policy, config.shape, options, self.counters)
         self.bound = InfiniteCacheBound()
         self.excess = ExcessSplit()
+        self._finished_at: dict[int, float] = {}  # conversation -> when its latest request finished
         index = cache.index
         tally.on_published = lambda e: self.excess.published(index.nodes[e.anchor].lookup_hash, e.tail_tokens)
         self.conversations: list[Conversation] = list(trace.conversations)
@@ -185,6 +186,8 @@ class Simulation:
         self.counters.excess_placement_tokens = excess.placement_tokens
         self.counters.excess_capacity_requests = excess.capacity_requests
         self.counters.excess_placement_requests = excess.placement_requests
+        for name, tokens in excess.capacity_by_idle.items():
+            setattr(self.counters, f"excess_capacity_tokens_{name}", tokens)
         return SimResult(
             counters=self.counters,
             bound_tokens=self.bound.tokens,
@@ -236,7 +239,9 @@ class Simulation:
                 self._advance(item)
                 continue
             bound = self.bound.observe(material)
-            self.excess.charge(material, driver.counters.computed_tokens - computed_before, bound)
+            finished = self._finished_at.get(item.conversation)
+            idle = None if finished is None else self.now - finished
+            self.excess.charge(material, driver.counters.computed_tokens - computed_before, bound, idle)
             self._record_admission(item, material)
             assert outcome.lane is not None
             self._running[outcome.lane] = item
@@ -256,7 +261,9 @@ class Simulation:
 
     def _finish(self, lane: int) -> None:
         self.driver.finish(lane)
-        self._advance(self._running.pop(lane))
+        item = self._running.pop(lane)
+        self._finished_at[item.conversation] = self.now
+        self._advance(item)
 
     def _advance(self, item: _Item) -> None:
         """The request ``item`` is done: its conversation's next request arrives; its user may end."""
