@@ -17,7 +17,7 @@ from hybridcache.gpu.dtype_choice import choose_dtype
 from hybridcache.gpu.heap_trim import heap_trimmer
 from hybridcache.gpu.host_tier import HostSlabMemory, cpu_allocator, pinned_allocator
 from hybridcache.gpu.huge_pages import HugePages
-from hybridcache.gpu.model import Qwen35Model, cpu_kernels, load_model
+from hybridcache.gpu.model import Qwen35Model, cpu_gemv, cpu_kernels, load_model
 from hybridcache.gpu.model.loader import stored_dtype
 from hybridcache.gpu.slab_file import MappedSlabFile
 from hybridcache.gpu.transfers import Transfers
@@ -139,6 +139,9 @@ class ModelRuntime:
             return "torch (weights not packed for oneDNN)"
         kernels = cpu_kernels.status()
         pages = _weight_pages()
+        if kernels.active and not cpu_gemv.reads(self.model.lm_head[0]):
+            layout = "oneDNN packed the weights in a layout ours does not read"
+            return f"{kernels.reason}, products by oneDNN ({layout}); {pages}"
         if kernels.active:
             return f"{kernels.reason}; {pages}"
         return f"oneDNN packed weights (own kernels off: {kernels.reason}); {pages}"

@@ -82,6 +82,7 @@ def test_without_bias_and_the_rows_it_leaves_to_onednn() -> None:
     assert not cpu_gemv.applies(_rows(cpu_gemv.MAX_ROWS + 1, 64, 2), packed)
     assert not cpu_gemv.applies(x.float(), packed)
     assert not cpu_gemv.applies(x, weight)  # a plain weight is F.linear's
+    assert not cpu_gemv.reads(weight)
 
 
 def test_odd_columns_are_not_the_kernels_layout() -> None:
@@ -96,7 +97,7 @@ def test_odd_columns_are_not_the_kernels_layout() -> None:
 def test_a_freed_weight_leaves_the_registry() -> None:
     packed = pack_weight(_weight(96, 64, 2))
     key = id(packed)
-    assert key in cpu_gemv._layouts
+    assert cpu_gemv.reads(packed) and key in cpu_gemv._layouts
     del packed
     assert key not in cpu_gemv._layouts
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hybridcache.gpu.model import cpu_decode_attention
 from hybridcache.gpu.model.linear import linear
 from hybridcache.gpu.model.norm import rms_norm
 from hybridcache.gpu.model.rope import apply_rotary
@@ -130,21 +131,32 @@ class FullAttention(NamedTuple):
         Each lane attends over its own context alone (no padding to the longest lane, no mask), read in
         place where its pages are consecutive, so a lane's attention does not depend on the other lanes of its
         batch. The query heads that share a KV head attend as that head's query rows (`[1, Hkv, group, D]`),
-        so the keys and values are read once per KV head rather than once per query head.
+        so the keys and values are read once per KV head rather than once per query head. On a CPU with our
+        kernels, `cpu_decode_attention` computes it instead of torch's flash attention.
         """
         lanes = x.shape[0]
         query, gate, key, value = self._project(x, io)
         flat_k, flat_v = self._write(planes, key, value, io)
-        grouped = query.view(lanes, self.kv_heads, self.heads // self.kv_heads, self.head_dim)
-        attended = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    grouped[lane : lane + 1],
-                    _read(flat_k, rows).transpose(0, 1).unsqueeze(0),
-                    _read(flat_v, rows).transpose(0, 1).unsqueeze(0),
-                    scale=self.head_dim**-0.5,
-                )
-                for lane, rows in enumerate(io.contexts)
-            ]
-        )
+        group = self.heads // self.kv_heads
+        grouped = query.view(lanes, self.kv_heads, group, self.head_dim)
+        scale = self.head_dim**-0.5
+        if cpu_decode_attention.applies(query, flat_k, group):
+            attended = torch.stack(
+                [
+                    cpu_decode_attention.attend(grouped[lane], flat_k, flat_v, rows, scale)
+                    for lane, rows in enumerate(io.contexts)
+                ]
+            )
+        else:
+            attended = torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        grouped[lane : lane + 1],
+                        _read(flat_k, rows).transpose(0, 1).unsqueeze(0),
+                        _read(flat_v, rows).transpose(0, 1).unsqueeze(0),
+                        scale=scale,
+                    )
+                    for lane, rows in enumerate(io.contexts)
+                ]
+            )
         return self._finish(attended.reshape(lanes, -1), gate)

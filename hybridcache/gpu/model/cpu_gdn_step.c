@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_simd.h"
+
 #define CONV_BLOCK 512 /* channels per parallel conv item: 12 items for small's 6144 */
 
 static inline float bf16_to_float(uint16_t value) {
@@ -56,24 +58,6 @@ static inline __m512 round_bf16_lanes(__m512 value) {
     return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* exp(x) for 16 floats: x = n ln2 + r with |r| <= ln2 / 2, a degree-7 Taylor polynomial of exp(r)
- * (error below 1e-8 relative), scaled by 2^n with scalef (so overflow gives inf and underflow 0). */
-static inline __m512 exp_lanes(__m512 x) {
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 static inline float exp_one(float x) { return _mm512_cvtss_f32(exp_lanes(_mm512_set1_ps(x))); }
 
 static inline __m512 silu_lanes(__m512 x) {
@@ -81,9 +65,6 @@ static inline __m512 silu_lanes(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-static inline __m512 widen(__m256i bf16) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
-}
 
 /* The conv output of one channel (fp32 of bf16) from its past inputs, its new input and its weights. */
 static float conv_channel(const uint16_t *history, const uint16_t *weight, uint16_t input, int64_t past) {

@@ -61,9 +61,14 @@ def register(packed: torch.Tensor) -> None:
     weakref.finalize(packed, _layouts.pop, key, None)
 
 
+def reads(weight: torch.Tensor) -> bool:
+    """Whether the kernel reads `weight` (registered: packed in a layout it knows)."""
+    return id(weight) in _layouts
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `product(x, weight)` runs the kernel: a registered weight, bf16 rows, at most MAX_ROWS."""
-    return x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16 and id(weight) in _layouts
+    return x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16 and reads(weight)
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

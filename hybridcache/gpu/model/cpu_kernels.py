@@ -1,4 +1,5 @@
-"""Our CPU kernels (`cpu_gemv.c`, `cpu_gdn_step.c`, `cpu_rms_norm.c`): built once per machine, loaded.
+"""Our CPU kernels (`cpu_gemv.c`, `cpu_gdn_step.c`, `cpu_rms_norm.c`, `cpu_decode_attention.c`, with the
+shared `cpu_simd.h`): built once per machine, loaded.
 
 The C sources are compiled together with the system compiler (`cc`, or `$CC`) into one shared library in
 the user cache (`~/.cache/hybridcache/kernels/`, named by a digest of the sources and flags, written
@@ -24,7 +25,11 @@ from pathlib import Path
 from hybridcache.gpu.dtype_choice import cpu_flags
 from hybridcache.tools.make_tiny_model import cache_root
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("cpu_gemv.c", "cpu_gdn_step.c", "cpu_rms_norm.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("cpu_gemv.c", "cpu_gdn_step.c", "cpu_rms_norm.c", "cpu_decode_attention.c")
+)
+HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 COMPILE_FLAGS = (
     "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-fPIC", "-shared",
 )  # fmt: skip
@@ -36,7 +41,9 @@ SIGNATURES = {
     "hc_packed_gemv_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _INT],
     "hc_gdn_decode_step": [_PTR, _I64] + [_PTR] * 9 + [_I64] * 6 + [_FLOAT, _FLOAT, _INT],
     "hc_rms_norm_bf16": [_PTR, _I64, _I64, _PTR, _FLOAT, _PTR, _INT],
+    "hc_decode_attention_bf16": [_PTR] * 4 + [_I64] * 5 + [_FLOAT, _PTR, _INT],
 }
+RETURNS = {"hc_decode_attention_bf16": ctypes.c_int}
 
 
 @dataclass(frozen=True)
@@ -63,14 +70,14 @@ def library() -> ctypes.CDLL | None:
     for name, arguments in SIGNATURES.items():
         function = getattr(loaded, name)
         function.argtypes = arguments
-        function.restype = None
+        function.restype = RETURNS.get(name)
     return loaded
 
 
 @functools.cache
 def library_path() -> Path:
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     digest.update(" ".join(COMPILE_FLAGS).encode())
     return cache_root() / "kernels" / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
