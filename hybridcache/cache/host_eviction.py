@@ -57,11 +57,19 @@ than ten minutes decide it), so compare policies over several settings: against 
   then writes them back into a full tier); full weight for a superseded snapshot that is the parent of
   its lineage's newest (revalued when the lineage grows): 8 users 1.1204, but 7 users 1.1620 -> 1.1821
   and 9 users 1.1787 -> 1.2251; tempering exponent 0.35 for a lineage's newest snapshot (0.5 for the
-  rest): 8 users 1.1054, but 7 users 1.1823 and 9 users 1.1827. What remains over the bound is not
+  rest): 8 users 1.1054, but 7 users 1.1823 and 9 users 1.1827; a lineage's snapshots aged as a group
+(L_s of each the latest of its own and its single-chain descendants', so an idle conversation's
+snapshots all date from its last use): 7/8/9 users 1.1950/1.1514/1.2124 against 1.1620/1.1230/1.1787;
+lineage-private snapshots above the parent of the newest at weight 0 (evicted first): 1.3722/1.3961/
+1.4570 (capacity excess 4.47M -> 14.9M tokens at 8 users: with them gone, a request whose newest
+snapshot was lost falls back to the shared preamble). What remains over the bound is not
   room: the capacity floor (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever
   be lost for want of it, and ``simulate --explain`` that whenever a snapshot a request needs soon is
   deleted, the tier holds (median) 21 GiB of images and 28 GiB of KV that no later request uses. The
-  policy's task is to tell those apart.
+  policy's task is to tell those apart. ``excess_capacity_tokens_idle_*`` shows where it fails: at 8 users
+44 requests that lost more than 20k tokens each carry 3.47M of the 4.47M capacity tokens: their
+conversations' newest snapshots and paths had been evicted while idle, 13 of them for under 5 minutes
+(0.80M), 15 for 5 to 30 (1.20M), 16 for 30 minutes to 5.6 hours (1.47M). Hedges lost 164k.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
