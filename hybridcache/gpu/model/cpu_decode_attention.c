@@ -33,10 +33,10 @@ static inline const uint16_t *context_row(const uint16_t *plane, const int64_t *
 
 /* One (head, block) item: its maximum score per query row, the sum of exp(score - max), and the sum of the
  * values weighted by them (float32, [group, head_dim]). */
-static inline __attribute__((always_inline)) void attend_block(const uint16_t *q, const uint16_t *k_plane, const uint16_t *v_plane, const int64_t *rows,
-                         int64_t first_row, int64_t start, int64_t count, int64_t head, int64_t kv_heads,
-                         int group, int64_t head_dim, float scale, float *block_max, float *block_sum,
-                         float *block_out) {
+static inline __attribute__((always_inline)) void
+attend_block(const uint16_t *q, const uint16_t *k_plane, const uint16_t *v_plane, const int64_t *rows,
+             int64_t first_row, int64_t start, int64_t count, int64_t head, int64_t kv_heads, int group,
+             int64_t head_dim, float scale, float *block_max, float *block_sum, float *block_out) {
     float weights[MAX_GROUP][BLOCK_KEYS] __attribute__((aligned(64)));
     const int64_t row_elements = kv_heads * head_dim, pairs = head_dim / 32;
     const uint16_t *qh = q + head * group * head_dim;
@@ -76,7 +76,8 @@ static inline __attribute__((always_inline)) void attend_block(const uint16_t *q
         __m512 acc[MAX_GROUP][2];
         for (int j = 0; j < group; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
         for (int64_t t = 0; t < count; t++) {
-            const uint16_t *value = context_row(v_plane, rows, first_row, start + t, row_elements) + head * head_dim + d;
+            const uint16_t *value =
+                context_row(v_plane, rows, first_row, start + t, row_elements) + head * head_dim + d;
             __m512 low = widen(_mm256_loadu_si256((const __m256i *)value));
             __m512 high = widen(_mm256_loadu_si256((const __m256i *)(value + 16)));
             for (int j = 0; j < group; j++) {
@@ -145,7 +146,8 @@ int hc_decode_attention_bf16(const uint16_t *q, const uint16_t *k_plane, const u
                     const float *p = partial + ((head * blocks + b) * group + j) * head_dim + d;
                     acc = _mm512_fmadd_ps(_mm512_set1_ps(factors[b]), _mm512_loadu_ps(p), acc);
                 }
-                _mm256_storeu_si256((__m256i *)(row_out + d), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc, inverse)));
+                __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc, inverse));
+                _mm256_storeu_si256((__m256i *)(row_out + d), rounded);
             }
         }
     }

@@ -65,7 +65,6 @@ static inline __m512 silu_lanes(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-
 /* The conv output of one channel (fp32 of bf16) from its past inputs, its new input and its weights. */
 static float conv_channel(const uint16_t *history, const uint16_t *weight, uint16_t input, int64_t past) {
     float sum = 0.0f;

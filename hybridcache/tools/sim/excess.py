@@ -19,8 +19,9 @@ divergence point, when a hint puts it there) are published before it is charged.
 4,469,896 capacity tokens; for example a conversation forking off another's prefix where that one had no
 snapshot, then tapping the fork itself).
 The capacity share is also split by how long the request's conversation had been idle (since its previous
-request finished; a conversation's first request has no previous one): on the WEKA set most of it is lost by
-the few requests that return after tens of minutes, whose whole conversation was evicted meanwhile.
+request finished; a conversation's first request has no previous one). On the whole WEKA set (27B-INT8,
+64 GiB, 8 users) 65 % of it went to requests whose conversation had been idle for more than 5 minutes, 35 %
+to those idle for more than 30.
 
 Mutable; ``admitting`` before each admission, ``published`` every snapshot, ``charge`` every admitted
 request in admission order, ``settle`` for an admission that was not charged (blocked or dropped).
