@@ -70,6 +70,10 @@ snapshot was lost falls back to the shared preamble). What remains over the boun
 44 requests that lost more than 20k tokens each carry 3.47M of the 4.47M capacity tokens: their
 conversations' newest snapshots and paths had been evicted while idle, 13 of them for under 5 minutes
 (0.80M), 15 for 5 to 30 (1.20M), 16 for 30 minutes to 5.6 hours (1.47M). Hedges lost 164k.
+At 16 users most of it is lost by conversations idle under 5 minutes (40.8M of 77.2M capacity tokens:
+16 conversations' working set no longer fits device plus host). Also rejected there: the saving priced
+in tokens (attention pairs left out of C): 8/16 users 1.1159/3.0517 against 1.1230/3.0246; L_s scaled
+by 0.9 in H (slower aging): 8 users 3.4691 (L stops growing, so old dense snapshots are never evicted).
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
