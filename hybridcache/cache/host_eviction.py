@@ -73,7 +73,11 @@ conversations' newest snapshots and paths had been evicted while idle, 13 of the
 At 16 users most of it is lost by conversations idle under 5 minutes (40.8M of 77.2M capacity tokens:
 16 conversations' working set no longer fits device plus host). Also rejected there: the saving priced
 in tokens (attention pairs left out of C): 8/16 users 1.1159/3.0517 against 1.1230/3.0246; L_s scaled
-by 0.9 in H (slower aging): 8 users 3.4691 (L stops growing, so old dense snapshots are never evicted).
+by 0.9 in H (slower aging): 8 users 3.4691 (L stops growing, so old dense snapshots are never evicted);
+a new snapshot inheriting its ancestor's hits (a lineage's turn count as its frequency): 8/16 users
+1.2489/3.2460, capped at 3 hits 1.1688/3.0245. A candidate, not adopted: re-valuing (L_s = L) the snapshot
+a request will resume from when it joins the admission queue, as a real server could: 16 users 3.0246
+-> 2.9896, 8 users 1.1230 -> 1.1251.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
