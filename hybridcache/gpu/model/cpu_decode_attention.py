@@ -4,11 +4,11 @@ torch's CPU flash attention, given one query row per head, spent about six times
 values take to stream (1.8 ms per layer at 8,192 keys on `small`, 2 threads), so at long contexts
 attention, not the weights, set the decode step's length. The kernel reads each key and value once, in
 float32 arithmetic, and each lane's result depends only on its query and context (see the C source). With
-its prefetches (the C source says why) `small` decodes 16.7 tok/s at 32k context against 11.0 without them
-and 5.7 for llama.cpp's llama-server on the same machine (2 threads, AMD EPYC; `bench peer --contexts
-32768`). It applies on a CPU where the kernels library is in use (`cpu_kernels.py`), to bf16 planes, a
-head size that is a multiple of 32 and at most 8 query heads per KV head; anything else keeps torch's
-attention.
+its prefetches (the C source says why) `small`'s decode step at 32k context ran at 16.7 tok/s against 11.0
+without them (2 threads, AMD EPYC); served, `bench peer --contexts 32768` measured 15.4 tok/s beside 5.7
+for llama.cpp's llama-server on the same machine. It applies on a CPU where the kernels library is in use
+(`cpu_kernels.py`), to bf16 planes, a head size that is a multiple of 32 and at most 8 query heads per KV
+head; anything else keeps torch's attention.
 """
 
 from __future__ import annotations
