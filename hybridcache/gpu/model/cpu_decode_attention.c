@@ -78,7 +78,7 @@ attend_block(const uint16_t *q, const uint16_t *k_plane, const uint16_t *v_plane
             sum = _mm512_add_ps(sum, e);
         }
         if (t < count) {
-            __mmask16 mask = (__mmask16)((1u << (count - t)) - 1);
+            __mmask16 mask = first_lanes(count - t);
             __m512 e = exp_lanes(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, &weights[j][t]), shift));
             e = _mm512_maskz_mov_ps(mask, e);
             _mm512_mask_storeu_ps(&weights[j][t], mask, e);

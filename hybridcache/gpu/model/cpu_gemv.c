@@ -20,6 +20,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "cpu_simd.h"
+
 #define MAX_GROUPS 4   /* 16-row groups in a block: 2 (B = 32) or 4 (B = 64) */
 #define MAX_X_ROWS 8   /* rows of x per pass over a block: groups * rows accumulators must fit 32 registers */
 #ifndef PREFETCH_BYTES
@@ -48,11 +50,8 @@ static inline __attribute__((always_inline)) void block_product(const uint16_t *
 }
 
 static inline void store_rows(__m512 sums, const uint16_t *bias, uint16_t *out, int64_t valid) {
-    __mmask16 mask = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
-    if (bias) {
-        __m256i raw = _mm256_maskz_loadu_epi16(mask, (const void *)bias);
-        sums = _mm512_add_ps(sums, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
-    }
+    __mmask16 mask = first_lanes(valid);
+    if (bias) sums = _mm512_add_ps(sums, widen(_mm256_maskz_loadu_epi16(mask, (const void *)bias)));
     __m256i rounded = (__m256i)_mm512_cvtneps_pbh(sums);
     _mm256_mask_storeu_epi16((void *)out, mask, rounded);
 }

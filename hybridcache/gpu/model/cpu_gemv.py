@@ -12,9 +12,11 @@ checked rather than assumed: the kernels library is in use here, torch exposes t
 reads: blocks of 32 or 64 output rows, pairs of k interleaved (oneDNN's choice for bf16: 32 on a CPU with
 AMX, 64 on AVX512-BF16 without it; `packed_layout` verifies it per shape with a probe). Anything else
 leaves the product to oneDNN. On an AVX512-BF16 CPU without AMX (AMD EPYC, 2 threads), where oneDNN packs
-64-row blocks, the kernel read the `small` lm_head at 27.4 GiB/s for one row against oneDNN's 16.8, and
-`bench peer` decoded 23.3 / 16.3 tok/s at 2k / 8k context against 15.8 / 11.9 with the products left to
-oneDNN (llama.cpp on the same machine: 18.7 / 16.4).
+64-row blocks, the kernel read the `small` lm_head at 27.4 GiB/s for one row against oneDNN's 16.8 (one
+busy window; with the machine quiet it read 56-58 GiB/s, as fast as a plain AVX-512 sum over as many
+bytes, so prefetch distance and streams per thread have nothing left to gain), and `bench peer` decoded
+23.3 / 16.3 tok/s at 2k / 8k context against 15.8 / 11.9 with the products left to oneDNN (llama.cpp on
+the same machine: 18.7 / 16.4).
 """
 
 from __future__ import annotations

@@ -11,24 +11,23 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cpu_simd.h"
+
 #define PARALLEL_ROWS 64
 
 static inline __m512 load_bf16(const uint16_t *p, __mmask16 mask) {
-    __m256i raw = _mm256_maskz_loadu_epi16(mask, (const void *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    return widen(_mm256_maskz_loadu_epi16(mask, (const void *)p));
 }
-
-static inline __mmask16 lanes(int64_t left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 
 static void norm_row(const uint16_t *x, const float *scale, float eps, uint16_t *y, int64_t n) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j += 16) {
-        __m512 v = load_bf16(x + j, lanes(n - j));
+        __m512 v = load_bf16(x + j, first_lanes(n - j));
         acc = _mm512_fmadd_ps(v, v, acc);
     }
     __m512 inverse = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps));
     for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 mask = lanes(n - j);
+        __mmask16 mask = first_lanes(n - j);
         __m512 v = _mm512_mul_ps(_mm512_mul_ps(load_bf16(x + j, mask), inverse), _mm512_maskz_loadu_ps(mask, scale + j));
         _mm256_mask_storeu_epi16((void *)(y + j), mask, (__m256i)_mm512_cvtneps_pbh(v));
     }

@@ -22,8 +22,14 @@ static inline __m512 exp_lanes(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* 16 bf16 values as float32 (exact: a bf16 is the high half of a float32). */
 static inline __m512 widen(__m256i bf16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+/* The mask of the first min(left, 16) lanes (left >= 1): the tail of a row that is not a multiple of 16. */
+static inline __mmask16 first_lanes(int64_t left) {
+    return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
 #endif
