@@ -46,9 +46,12 @@ class Frontend:
         self._message_start = tokenizer.token_to_id(MESSAGE_START)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, max_model_len: int) -> Frontend:
-        """Load the tokenizer and (if present) the chat template. Raises FrontendError naming the file."""
-        tokenizer = Tokenizer.from_dir(model_dir)
+    def from_dir(
+        cls, model_dir: str | Path, max_model_len: int, tokenizer: Tokenizer | None = None
+    ) -> Frontend:
+        """Load the tokenizer (unless the caller has it loaded, as the engine does) and, if present, the
+        chat template. Raises FrontendError naming the file."""
+        tokenizer = Tokenizer.from_dir(model_dir) if tokenizer is None else tokenizer
         try:
             template = ChatTemplate.from_dir(model_dir)
         except FrontendError:

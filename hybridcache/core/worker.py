@@ -113,7 +113,7 @@ class Worker:
         )
         self._eos = engine.eos_token_ids
         self._trim_heap = heap_trimmer()
-        self._busy_since_trim = False
+        self._busy_since_trim = True  # the first idle moment trims what loading freed (tokenizer JSON)
         self.refills = RefillScheduler(self)
 
     # -- inbox ------------------------------------------------------------------------------------

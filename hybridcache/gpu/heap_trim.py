@@ -4,7 +4,9 @@ A prefill chunk allocates a few hundred MiB of intermediates (delta-rule chunk t
 and frees them when it ends. glibc keeps freed blocks below its mmap threshold (which grows up to 32 MiB as
 large blocks are freed) inside its heaps, so the resident size of an idle server stayed several hundred
 MiB above what it holds. `malloc_trim(0)` returns the free pages of every heap; it takes tens of
-milliseconds, so it runs once per busy-to-idle transition, on the compute thread.
+milliseconds, so it runs once per busy-to-idle transition, on the compute thread, and once when the worker
+first goes idle after start: loading frees about 140 MiB it never reuses (a tokenizer's parsed JSON, the
+weights' transient copies), which an idle server held until its first request.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ async def _serve(options: EffectiveOptions, server: ServerOptions) -> int:
         model_dir = _model_dir(options)
         name = server.served_model_name or (None if options.model else DEFAULT_MODEL_NAME)
         engine = Engine(model_dir, options, model_name=name)
-        frontend = Frontend.from_dir(model_dir, engine.max_model_len)
+        frontend = Frontend.from_dir(model_dir, engine.max_model_len, engine.tokenizer)
     except (CheckpointError, FrontendError) as error:
         log.error("cannot start: %s%s", "--model: " if options.model else "", error)
         return STARTUP_ERROR_EXIT

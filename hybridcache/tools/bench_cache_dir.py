@@ -43,7 +43,7 @@ async def _run(preset: str, conversations: int, turns: int, turn_tokens: int, fo
     plain, durable = engine(None), engine(folder / "cache")
     await plain.start()
     await durable.start()
-    frontend = Frontend.from_dir(model, plain.max_model_len)
+    frontend = Frontend.from_dir(model, plain.max_model_len, plain.tokenizer)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
     async def timed(target: Engine, tokens: list[int]) -> float:

@@ -140,7 +140,7 @@ async def _decode_rate(model: Path, engine, tokens: int) -> DecodeRate:
     from hybridcache.core.frontend import Frontend
     from hybridcache.core.sampling_params import SamplingParams
 
-    frontend = Frontend.from_dir(model, engine.max_model_len)
+    frontend = Frontend.from_dir(model, engine.max_model_len, engine.tokenizer)
     prompt = frontend.prepare_text("journal overhead " * 20)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     first: tuple[float, float] | None = None

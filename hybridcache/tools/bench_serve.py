@@ -310,7 +310,7 @@ async def measure_http_overhead(server: LiveServer, directory: Path, repeats: in
 
     from hybridcache.core.frontend import Frontend
 
-    frontend = Frontend.from_dir(directory, server.engine.max_model_len)
+    frontend = Frontend.from_dir(directory, server.engine.max_model_len, server.engine.tokenizer)
     messages = [
         {"role": "system", "content": " ".join(_words(random.Random(7), 200))},
         {"role": "user", "content": "Say one word."},

@@ -60,7 +60,7 @@ async def start_server(directory: Path, args: argparse.Namespace, prefix_reuse: 
     )
     engine = Engine(directory, resolve_options(options), model_name=MODEL)
     await engine.start()
-    frontend = Frontend.from_dir(directory, engine.max_model_len)
+    frontend = Frontend.from_dir(directory, engine.max_model_len, engine.tokenizer)
     runner = web.AppRunner(create_app(engine, frontend, ServerOptions(served_model_name=MODEL)))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
