@@ -9,6 +9,7 @@ from hybridcache.config import (
     EngineOptions,
     OptionError,
     check_host_budget,
+    default_prefill_chunk,
     resolve_options,
 )
 
@@ -49,6 +50,17 @@ def test_host_writes_default_to_write_back_and_through_can_be_chosen():
     assert resolve(CacheOptions(host_write="through")).cache.host_write == "through"
     error = assert_rejected("--host-write", CacheOptions(host_write="sometimes"))  # type: ignore[arg-type]
     assert "back or through" in error.message
+
+
+def test_the_prefill_chunk_defaults_by_device():
+    assert default_prefill_chunk("cpu") == 512
+    assert default_prefill_chunk("cuda") == default_prefill_chunk("cuda:1") == 2048
+    effective = resolve(device="cpu")
+    assert effective.prefill_chunk == 512
+    assert effective.cache.tap_ladder_tokens == 4096  # max(4096, 2*chunk) with the chunk it derived
+    assert effective.cache.tap_min_gap_tokens == 1024
+    assert resolve(device="cuda:0").prefill_chunk == 2048  # resolving options needs no GPU
+    assert resolve(device="cpu", prefill_chunk=1024).prefill_chunk == 1024
 
 
 def test_large_chunks_widen_the_ladder():

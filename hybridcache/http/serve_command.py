@@ -11,6 +11,7 @@ import sys
 
 from hybridcache.cache.write_back import HostWrite
 from hybridcache.config import (
+    CPU_PREFILL_CHUNK,
     DEFAULT_HOST_CACHE_MIB,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_PREFILL_CHUNK,
@@ -105,8 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument(
         "--prefill-chunk",
         type=int,
-        default=DEFAULT_PREFILL_CHUNK,
-        help=f"prefill chunk in tokens, a multiple of 64 (default {DEFAULT_PREFILL_CHUNK})",
+        default=None,
+        help=f"prefill chunk in tokens, a multiple of 64 (default {CPU_PREFILL_CHUNK} on a CPU, "
+        f"{DEFAULT_PREFILL_CHUNK} on a GPU)",
     )
     engine.add_argument(
         "--kv-capacity",
