@@ -89,6 +89,7 @@ class EffectiveCacheOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_new_taps: int
     tap_ladder_tokens: int
     tap_min_gap_tokens: int
+    tap_pass_tokens: int = DEFAULT_PREFILL_CHUNK  # the pass length ladder taps land on (prefill_passes.py)
     hedges: bool = True
     exact_resume: bool = True
     endpoint_refill: bool = True
@@ -186,8 +187,11 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
     prefill_chunk = options.prefill_chunk
     if prefill_chunk is None:
         prefill_chunk = default_prefill_chunk(options.device)
+    # Taps are placed for passes of DEFAULT_PREFILL_CHUNK unless a chunk is given, so a CPU's shorter
+    # default passes leave the same snapshots as a GPU's (cache/prefill_passes.py).
+    tap_pass_tokens = DEFAULT_PREFILL_CHUNK if options.prefill_chunk is None else options.prefill_chunk
     taps = derive_tap_options(
-        prefill_chunk,
+        tap_pass_tokens,
         host_tier,
         max_new_taps=cache.max_new_taps,
         ladder_tokens=cache.tap_ladder_tokens,
@@ -211,6 +215,7 @@ def resolve_options(options: EngineOptions) -> EffectiveOptions:
         max_new_taps=taps.max_new_taps,
         tap_ladder_tokens=taps.ladder_tokens,
         tap_min_gap_tokens=taps.min_gap_tokens,
+        tap_pass_tokens=tap_pass_tokens,
         hedges=cache.hedges,
         exact_resume=cache.exact_resume,
         endpoint_refill=cache.endpoint_refill,

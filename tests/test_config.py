@@ -57,10 +57,12 @@ def test_the_prefill_chunk_defaults_by_device():
     assert default_prefill_chunk("cuda") == default_prefill_chunk("cuda:1") == 2048
     effective = resolve(device="cpu")
     assert effective.prefill_chunk == 512
-    assert effective.cache.tap_ladder_tokens == 4096  # max(4096, 2*chunk) with the chunk it derived
-    assert effective.cache.tap_min_gap_tokens == 1024
+    assert effective.cache.tap_ladder_tokens == 4096  # taps are placed as for the default 2048 passes
+    assert effective.cache.tap_min_gap_tokens == 2048
+    assert effective.cache.tap_pass_tokens == 2048  # ladder taps land as on a GPU's passes
     assert resolve(device="cuda:0").prefill_chunk == 2048  # resolving options needs no GPU
-    assert resolve(device="cpu", prefill_chunk=1024).prefill_chunk == 1024
+    given = resolve(device="cpu", prefill_chunk=1024)
+    assert given.prefill_chunk == given.cache.tap_pass_tokens == 1024
 
 
 def test_large_chunks_widen_the_ladder():

@@ -98,8 +98,9 @@ class TapSource(IntEnum):
 
 
 class Placement(IntEnum):
-    """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on chunk boundaries; INNER
-    ones are captured inside the pass that covers them, without a split."""
+    """EXACT taps split the prefill chunk at their position; FLEXIBLE ones land on the ends of passes of the
+    tap pass length (`prefill_passes`); INNER ones are captured inside the pass that covers them, without a
+    split."""
 
     EXACT = 1
     FLEXIBLE = 2

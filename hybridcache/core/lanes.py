@@ -6,6 +6,7 @@ import bisect
 
 from hybridcache.cache.facade_results import PageCopy
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId
+from hybridcache.cache.prefill_passes import flexible_landings, pass_end
 from hybridcache.cache.tap_planner import Placement, PlannedTap, TapSource
 from hybridcache.core.api import RequestAccounting
 from hybridcache.core.endpoint_refills import RefillJob
@@ -31,7 +32,9 @@ class LaneState:
         taps: list[PlannedTap],
         sampler: LaneSamplingState,
         accounting: RequestAccounting,
+        tap_pass_tokens: int,
     ) -> None:
+        """``tap_pass_tokens``: the pass length FLEXIBLE taps land on the ends of (`prefill_passes`)."""
         self.lane_id = lane_id
         self.request = request
         self.slot = slot
@@ -41,8 +44,10 @@ class LaneState:
         self.computed = base
         self.base = base
         self.exact_taps = sorted(t.position for t in taps if t.placement == Placement.EXACT)
-        self.flexible_taps = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
-        self.inner_taps = sorted(t.position for t in taps if t.placement == Placement.INNER)
+        flexible = [t.position for t in taps if t.placement == Placement.FLEXIBLE]
+        landed = flexible_landings(flexible, self.exact_taps, base, self.prompt_len, tap_pass_tokens)
+        inner = {t.position for t in taps if t.placement == Placement.INNER}.union(landed)
+        self.inner_taps = sorted(inner.difference(self.exact_taps))
         self.hedge_taps = frozenset(t.position for t in taps if t.source == TapSource.HEDGE)
         self.boundary = {t.position: t.boundary for t in taps}
         self.restore: RestoreTicket | None = None
@@ -73,34 +78,19 @@ class LaneState:
         return self.computed < self.prompt_len
 
     def next_chunk_end(self, chunk: int) -> int:
-        """End of the next prefill pass: the chunk size, cut at the next exact tap. A pass that does not end
-        the prompt ends on a block boundary (unless the chunk is shorter than the way to it), so the next
-        one starts there: a pass that starts inside a block would compute that block's delta-rule
-        sub-chunk in two pieces, and its rows would differ from a cold run's in the last bits."""
-        start = self.computed
-        end = min(start + chunk, self.prompt_len)
-        if end < self.prompt_len and end % BLOCK_TOKENS and end - end % BLOCK_TOKENS > start:
-            end -= end % BLOCK_TOKENS
-        cuts = [p for p in self.exact_taps if start < p < end]
-        return min(cuts, default=end)
+        """End of the next prefill pass of at most ``chunk`` tokens (``prefill_passes.pass_end``)."""
+        return pass_end(self.computed, self.prompt_len, chunk, self.exact_taps)
 
     def inner_due(self, start: int, end: int) -> list[int]:
         """Inner taps the pass [start, end) captures inside itself (strictly inside; one at its end is a copy
-        of the lane's state after it, `taps_due`)."""
+        of the lane's state after it, `taps_at`)."""
         return [p for p in self.inner_taps if start < p < end]
 
     def pages_needed(self, end: int) -> int:
         """More pages the block table needs to hold positions below `end`."""
         return max(0, -(-end // BLOCK_TOKENS) - len(self.block_table))
 
-    def taps_due(self, start: int, end: int) -> list[int]:
-        """Frontiers to snapshot around the pass [start, end) (spec §7.1): exact and inner taps at `end`;
-        flexible taps reached by a non-final pass at its end, or lying in the final pass at its start."""
-        due = [p for p in (*self.exact_taps, *self.inner_taps) if p == end]
-        final = end == self.prompt_len
-        for position in self.flexible_taps:
-            if start < position <= end:
-                frontier = start if final else end
-                if frontier > self.base and frontier not in due and frontier < self.prompt_len:
-                    due.append(frontier)
-        return sorted(due)
+    def taps_at(self, end: int) -> list[int]:
+        """Frontiers to snapshot after a pass that ends at `end` (spec §7.1): the exact and inner taps there
+        (FLEXIBLE taps are inner taps at their landings)."""
+        return sorted(p for p in (*self.exact_taps, *self.inner_taps) if p == end)

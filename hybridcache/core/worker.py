@@ -300,6 +300,7 @@ class Worker:
             taps,
             sampler,
             accounting,
+            self.options.cache.tap_pass_tokens,
         )
         if staged.restore is not None:
             plan = staged.restore
@@ -383,7 +384,7 @@ class Worker:
             return False
         start = lane.computed
         end = lane.next_chunk_end(self.refills.chunk_tokens(lane, self.options.prefill_chunk))
-        wanted = len(lane.taps_due(start, end)) + len(lane.inner_due(start, end))
+        wanted = len(lane.taps_at(end)) + len(lane.inner_due(start, end))
         return wanted > slots_within_reach(index)
 
     async def prefill_pass(self, lane: LaneState) -> None:
@@ -392,9 +393,6 @@ class Worker:
         if not self._grow(lane, end):
             self.finish_lane(lane, "length")
             return
-        due = lane.taps_due(start, end)
-        for frontier in (p for p in due if p == start):
-            self._take_tap(lane, frontier)
         captures = {}  # offset into the pass -> the slot its state is copied into (no split)
         for frontier in lane.inner_due(start, end):
             slot = self._reserve_tap(lane, frontier)
@@ -411,7 +409,7 @@ class Worker:
             self.compute, self._prefill_compute, lane, tokens, start, ticket, tail_copy, sampled, captures
         )
         lane.computed = end
-        for frontier in (p for p in due if p > start):
+        for frontier in lane.taps_at(end):
             self._take_tap(lane, frontier)
         lane.inserted_prompt_blocks += self._commit(lane).inserted
         if self.refills.after_pass(lane, end - start, final):

@@ -14,12 +14,20 @@ from hybridcache.core.sampling_params import SamplingParams
 
 
 async def start_engine(
-    model_dir: Path, *, chunk: int = 256, lanes: int = 2, pages: int = 512, dtype: str = "auto", **cache
+    model_dir: Path,
+    *,
+    chunk: int | None = 256,
+    lanes: int = 2,
+    pages: int = 512,
+    dtype: str = "auto",
+    device: str = "auto",
+    **cache,
 ) -> Engine:
     options = resolve_options(
         EngineOptions(
             model=str(model_dir),
             dtype=dtype,
+            device=device,
             prefill_chunk=chunk,
             max_concurrency=lanes,
             kv_capacity=pages,

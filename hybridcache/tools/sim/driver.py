@@ -21,6 +21,7 @@ from hybridcache.cache.facade_results import FinishResult, HostWritePlan, Publis
 from hybridcache.cache.hedge_admission import hedge_host_bytes
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Readiness, SourceKind
+from hybridcache.cache.prefill_passes import flexible_landings, pass_end
 from hybridcache.cache.records import LaneId, SnapshotKind
 from hybridcache.cache.tap_planner import (
     Placement,
@@ -176,25 +177,20 @@ class RequestDriver:
         n = material.prompt_tokens
         chunk = self.shape.cost.prefill_chunk_tokens
         exact = sorted(t.position for t in taps if t.placement == Placement.EXACT)
-        flexible = sorted(t.position for t in taps if t.placement == Placement.FLEXIBLE)
-        inner = sorted(t.position for t in taps if t.placement == Placement.INNER)
+        flexible = [t.position for t in taps if t.placement == Placement.FLEXIBLE]
+        inner_set = {t.position for t in taps if t.placement == Placement.INNER}
+        inner = sorted(inner_set.union(flexible_landings(flexible, exact, base, n, chunk)).difference(exact))
         self._hedges = {t.position for t in taps if t.source == TapSource.HEDGE}
         boundary = {t.position: t.boundary for t in taps}
         computed = base
         while computed < n:
             start = computed
-            end = min(start + chunk, n)
-            if end < n and end % BLOCK_TOKENS and end - end % BLOCK_TOKENS > start:
-                end -= end % BLOCK_TOKENS  # a pass that does not end the prompt ends on a block boundary
-            end = min((p for p in exact if start < p < end), default=end)
+            end = pass_end(start, n, chunk, exact)
             table_pages = self._grow(lane, end, table_pages)
-            due = _taps_due(sorted(exact + inner), flexible, start, end, base, n)
-            for position in (p for p in due if p == start):
-                self._take_tap(lane, position, boundary.get(position, False))
             for position in (p for p in inner if start < p < end):  # captured inside the pass
                 self._take_tap(lane, position, boundary.get(position, False))
             computed = end
-            for position in (p for p in due if p > start):
+            for position in (p for p in (*exact, *inner) if p == end):
                 self._take_tap(lane, position, boundary.get(position, False))
             committed = TokenView(material.tokens[:end])
             self.cache.commit_blocks(lane, committed, material.block_hashes)
@@ -273,16 +269,3 @@ class RequestDriver:
     def _write(self, plan: HostWritePlan | None) -> None:
         if plan is not None:
             self.cache.host_write_done(plan.batch)
-
-
-def _taps_due(exact: list[int], flexible: list[int], start: int, end: int, base: int, n: int) -> list[int]:
-    """``LaneState.taps_due``: exact taps at ``end``; flexible taps reached by a non-final pass at its
-    end, or lying in the final pass at its start. Pure."""
-    due = [p for p in exact if p == end]
-    final = end == n
-    for position in flexible:
-        if start < position <= end:
-            frontier = start if final else end
-            if frontier > base and frontier not in due and frontier < n:
-                due.append(frontier)
-    return sorted(due)
