@@ -89,8 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cap each request's output (default: %(default)s)")
     parser.add_argument("--max-concurrency", type=int, default=4,
                         help="lanes of the servers this command starts (default: %(default)s)")
-    parser.add_argument("--kv-pages", type=int, default=1024,
-                        help="device KV pages of the servers this command starts (default: %(default)s)")
+    parser.add_argument("--kv-pages", type=int,
+                        help="device KV pages of the servers this command starts (default: serve's own, "
+                             "--kv-capacity auto, so a long trace's prompts fit as they do in a served run)")
     parser.add_argument("--concurrency", type=int,
                         help="replay at most U conversations at a time (default: all at once)")
     parser.add_argument("--cache-only", action="store_true",

@@ -75,7 +75,7 @@ class ServeFlags(NamedTuple):
     prefix_reuse: bool = True
     served_model_name: str = MODEL
     max_concurrency: int = 4
-    kv_pages: int = 1024
+    kv_pages: int | None = 1024  # None: serve's own --kv-capacity auto
     host_cache_mib: int | None = None
     extra: tuple[str, ...] = ()
 
@@ -83,7 +83,9 @@ class ServeFlags(NamedTuple):
         """The child's argv (this Python, port 0 so the kernel picks a free one)."""
         argv = [sys.executable, "-m", "hybridcache", "serve", "--host", "127.0.0.1", "--port", "0",
                 "--model", str(self.checkpoint), "--served-model-name", self.served_model_name,
-                "--max-concurrency", str(self.max_concurrency), "--kv-capacity", str(self.kv_pages)]
+                "--max-concurrency", str(self.max_concurrency)]
+        if self.kv_pages is not None:
+            argv += ["--kv-capacity", str(self.kv_pages)]
         if not self.prefix_reuse:
             argv.append("--no-prefix-reuse")
         if self.host_cache_mib is not None:

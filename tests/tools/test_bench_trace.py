@@ -294,6 +294,13 @@ def test_a_nocache_server_alone_is_refused(tmp_path):
     assert status == 2 and "--nocache-server needs --server" in err
 
 
+def test_servers_the_bench_starts_size_their_kv_pool_as_serve_does_unless_told():
+    auto = ServeFlags(Path("/models/m"), kv_pages=None).command()
+    assert "--kv-capacity" not in auto  # serve's --kv-capacity auto: long traces' prompts fit
+    told = ServeFlags(Path("/models/m"), kv_pages=256).command()
+    assert told[told.index("--kv-capacity") + 1] == "256"
+
+
 def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ServeLaunchError, match="exited with 2"):
