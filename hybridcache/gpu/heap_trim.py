@@ -5,8 +5,8 @@ and frees them when it ends. glibc keeps freed blocks below its mmap threshold (
 large blocks are freed) inside its heaps, so the resident size of an idle server stayed several hundred
 MiB above what it holds. `malloc_trim(0)` returns the free pages of every heap; it takes tens of
 milliseconds, so it runs once per busy-to-idle transition, on the compute thread, and once when the worker
-first goes idle after start: loading frees about 140 MiB it never reuses (a tokenizer's parsed JSON, the
-weights' transient copies), which an idle server held until its first request.
+first goes idle after start: loading the tokenizer after the weights (whose packing `ModelRuntime` trims
+at once) frees about 140 MiB of parsed JSON, which an idle server held until its first request.
 """
 
 from __future__ import annotations
