@@ -15,6 +15,9 @@ Conventions (the sampler in `gpu/sampler.py` implements them):
   request's generator is seeded from the engine-level generator.
 - Stop token ids and end-of-sequence handling belong to the caller (see `gpu.sampler.is_stop`);
   ``ignore_eos`` keeps generating past the model's end-of-sequence tokens (not past ``stop_token_ids``).
+- ``logit_bias`` (OpenAI's): (token id, bias) pairs, each bias in [-100, 100] added to that token's logit
+  after the penalties and before greedy or sampled choice; logprobs are those of the biased logits. The
+  caller checks the ids against the vocabulary (the HTTP layer does, against the tokenizer's).
 - ``logprobs`` asks for the chosen token's log-probability; ``top_logprobs`` (0..20) for the n most
   likely alternatives as well, and needs ``logprobs``.
 """
@@ -27,6 +30,7 @@ import msgspec
 
 MAX_TOP_LOGPROBS = 20
 PENALTY_LIMIT = 2.0
+LOGIT_BIAS_LIMIT = 100.0
 MAX_SEED = 2**63 - 1
 
 
@@ -46,6 +50,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, low=1)
@@ -60,6 +65,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         _check_float("frequency_penalty", self.frequency_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
         for token in self.stop_token_ids:
             _check_int("stop_token_ids", token, low=0)
+        for token, bias in self.logit_bias:
+            _check_int("logit_bias", token, low=0)
+            _check_float("logit_bias", bias, low=-LOGIT_BIAS_LIMIT, high=LOGIT_BIAS_LIMIT)
+        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias: a token id appears twice")
         _check_int("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS)
         if self.top_logprobs > 0 and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")

@@ -28,6 +28,7 @@ from hybridcache.http.request_prep import (
     check_single_choice,
     connection_probe,
     decode_body,
+    logit_bias_pairs,
     new_request_id,
     prepare,
     prompt_opens_reasoning,
@@ -53,7 +54,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         top_k=body.top_k, min_p=body.min_p, seed=body.seed, stop_token_ids=body.stop_token_ids,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty, logprobs=body.logprobs or None,
-        top_logprobs=body.top_logprobs, ignore_eos=body.ignore_eos)
+        top_logprobs=body.top_logprobs, ignore_eos=body.ignore_eos,
+        logit_bias=logit_bias_pairs(body.logit_bias, state.frontend.tokenizer.vocab_size))
     parser = OutputParser(starts_in_reasoning=prompt_opens_reasoning(state.frontend.tokenizer, prompt),
                           parse_tools=chat.parse_tools)
     run = Generation(state.engine, state.frontend.tokenizer, prompt, sampling,

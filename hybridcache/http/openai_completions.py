@@ -25,6 +25,7 @@ from hybridcache.http.request_prep import (
     check_single_choice,
     connection_probe,
     decode_body,
+    logit_bias_pairs,
     new_request_id,
     prepare,
     resolve_max_tokens,
@@ -53,7 +54,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         min_p=body.min_p, seed=body.seed, stop_token_ids=body.stop_token_ids,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty, logprobs=True if body.logprobs is not None else None,
-        top_logprobs=body.logprobs or None, ignore_eos=body.ignore_eos)
+        top_logprobs=body.logprobs or None, ignore_eos=body.ignore_eos,
+        logit_bias=logit_bias_pairs(body.logit_bias, state.frontend.tokenizer.vocab_size))
     run = Generation(state.engine, state.frontend.tokenizer, prompt, sampling,
                      request_id=new_request_id("cmpl"), stops=stops, metrics=state.metrics,
                      started_at=started_at, is_connected=connection_probe(request))

@@ -91,6 +91,7 @@ class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100]
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None

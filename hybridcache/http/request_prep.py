@@ -56,6 +56,24 @@ def build_sampling(rename: dict[str, str] | None = None, **fields: Any) -> Sampl
         raise bad_request(f"{param}{str(error)[len(field):]}", param) from error
 
 
+def logit_bias_pairs(
+    bias: dict[str, float] | None, vocab_size: int
+) -> tuple[tuple[int, float], ...] | None:
+    """OpenAI's ``logit_bias`` object as (token id, bias) pairs for `SamplingParams` (None when absent).
+    Raises ApiError 400 for a key that is not a token id of the vocabulary (the bias range is checked by
+    `SamplingParams`)."""
+    if bias is None:
+        return None
+    pairs = []
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias: keys must be token ids in [0, {vocab_size}), got {key!r}",
+                              "logit_bias")
+        pairs.append((token, value))
+    return tuple(pairs)
+
+
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int,
                        param: str = "max_tokens", default: int | None = None) -> int:
     """The output budget: `requested`; when None, `default` capped by the rest of the context (the rest

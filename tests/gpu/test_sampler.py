@@ -345,7 +345,8 @@ def test_is_stop_honours_stop_ids_and_eos_unless_ignored():
     ("max_tokens", 0), ("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0),
     ("top_p", 1.5), ("top_k", -1), ("min_p", 1.1), ("seed", -1), ("repetition_penalty", 0.0),
     ("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("stop_token_ids", (1, -1)),
-    ("top_logprobs", 21), ("max_tokens", True),
+    ("top_logprobs", 21), ("max_tokens", True), ("logit_bias", ((3, 100.5),)), ("logit_bias", ((-1, 1.0),)),
+    ("logit_bias", ((3, float("inf")),)), ("logit_bias", ((3, 1.0), (3, 2.0))),
 ])
 def test_invalid_params_raise_value_error_naming_the_field(field: str, value: object):
     extra = {"logprobs": True} if field == "top_logprobs" else {}
@@ -363,3 +364,43 @@ def test_defaults_are_valid_and_not_greedy():
     assert not params.greedy
     assert not params.uses_penalties
     assert SamplingParams(temperature=0).greedy
+
+
+# --- logit bias ------------------------------------------------------------------------------------------
+def test_logit_bias_adds_to_the_named_tokens_only():
+    logits = random_logits(2)
+    biased = SamplingParams(temperature=0.0, logit_bias=((4, 2.5), (9, -7.0)))
+    params = [biased, SamplingParams(temperature=0.0)]
+    scores = sampler.apply_logit_bias(logits.clone(), params)
+    expected = logits.clone()
+    expected[0, 4] += 2.5
+    expected[0, 9] -= 7.0
+    assert torch.equal(scores, expected)
+
+
+def test_logit_bias_forces_and_bans_greedy_choices():
+    logits = random_logits(1)
+    top = int(logits.argmax())
+    low = int(logits.argmin())
+    forced = SamplingParams(temperature=0.0, logit_bias=((low, 100.0),))
+    banned = SamplingParams(temperature=0.0, logit_bias=((top, -100.0),))
+    assert sample(logits, [forced], [lane(forced)])[0].token_id == low
+    second = int(logits[0].topk(2).indices[1])
+    assert sample(logits, [banned], [lane(banned)])[0].token_id == second
+
+
+def test_a_banned_token_is_never_sampled_and_logprobs_come_from_the_biased_logits():
+    logits = logits_from_probs([0.7, 0.2, 0.1])
+    params = SamplingParams(temperature=1.0, logit_bias=((0, -100.0),), logprobs=True, top_logprobs=2)
+    assert_only_tokens(draw_many(logits, params, 200), {1, 2})
+    result = sample(logits, [params], [lane(params, vocab=3)])[0]
+    expected = torch.log_softmax(logits[0] + torch.tensor([-100.0, 0.0, 0.0]), dim=-1)
+    assert result.logprob == pytest.approx(float(expected[result.token_id]))
+
+
+def test_logit_bias_never_writes_into_the_callers_logits():
+    logits = random_logits(1)
+    before = logits.clone()
+    params = SamplingParams(temperature=0.0, logit_bias=((1, 50.0),))
+    sample(logits, [params], [lane(params)])
+    assert torch.equal(logits, before)

@@ -70,6 +70,12 @@ OPENAI_BAD_CHATS = [
     pytest.param({**GOOD_CHAT, "tool_choice": "required"}, 400, "tool_choice", "needs 'tools'",
                  id="choice-no-tools"),
     pytest.param({**GOOD_CHAT, "cache_salt": ""}, 400, "cache_salt", "non-empty", id="empty-salt"),
+    pytest.param({**GOOD_CHAT, "logit_bias": {"abc": 5}}, 400, "logit_bias", "keys must be token ids",
+                 id="logit-bias-key"),
+    pytest.param({**GOOD_CHAT, "logit_bias": {"999999": 5}}, 400, "logit_bias", "keys must be token ids",
+                 id="logit-bias-out-of-vocab"),
+    pytest.param({**GOOD_CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias", "logit_bias: must be in",
+                 id="logit-bias-range"),
 ]
 
 
@@ -94,6 +100,7 @@ async def test_unknown_model_is_404_and_names_the_served_model(live: LiveServer)
     ({"model": MODEL, "prompt": ["a", "b"], "max_tokens": 2}, "one prompt per request"),
     ({"model": MODEL, "prompt": "a", "suffix": "z"}, "suffix"),
     ({"model": MODEL, "prompt": "a", "best_of": 3}, "best_of"),
+    ({"model": MODEL, "prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias: keys must be token ids"),
 ])
 async def test_bad_completion_requests_get_400(live: LiveServer, body, fragment):
     assert_openai_error(await post(live, COMPLETIONS, body), 400, "invalid_request_error", fragment=fragment)

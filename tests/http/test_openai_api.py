@@ -172,12 +172,14 @@ async def test_sampling_fields_reach_the_engine(live: LiveServer):
     await live.openai().chat.completions.create(
         model=MODEL, messages=HELLO, max_completion_tokens=7, temperature=0.5, top_p=0.9, seed=3,
         presence_penalty=0.5, frequency_penalty=0.25, user="u-1", prompt_cache_key="conv-1",
+        logit_bias={"7": -100, "11": 2.5},
         extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "stop_token_ids": [5]})
     sampling = live.engine.last.sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.seed) == (7, 0.5, 0.9, 3)
     assert (sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (20, 0.05, 1.1)
     assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, 0.25)
     assert sampling.stop_token_ids == (5,)
+    assert sampling.logit_bias == ((7, -100.0), (11, 2.5))
 
 
 async def test_max_tokens_defaults_to_the_documented_cap(live: LiveServer):

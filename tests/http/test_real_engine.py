@@ -207,3 +207,15 @@ async def test_streaming_chat_and_completions_on_the_real_engine(server: RealSer
         model=MODEL, prompt="The cache", max_tokens=8, temperature=0
     )
     assert completion.usage.completion_tokens == 8 and completion.choices[0].finish_reason == "length"
+
+
+async def test_logit_bias_steers_greedy_decoding_on_the_real_engine(server: RealServer):
+    prompt = [1000, 2000, 3000, 4000]
+    forced = 1234
+    plain = await server.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    steered = await server.openai.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=4, temperature=0, logit_bias={str(forced): 100}
+    )
+    expected = server.engine.tokenizer.decode([forced] * 4)
+    assert plain.choices[0].text != expected
+    assert steered.choices[0].text == expected
