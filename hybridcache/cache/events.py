@@ -137,6 +137,15 @@ class NodeHostDropped(_Event, frozen=True):
     node: int
 
 
+class PinnedHostCopiesDropped(_Event, frozen=True):
+    """The host slabs of blocks that running lanes pin on the device are freed; the device copies stay.
+    While a lane runs, its device copy is the one in use and the host copy only duplicates it
+    (``host_eviction.pinned_duplicates``); once unpinned, such a block is device-only, and write-back
+    copies it again if the device evicts it while a snapshot can still reach it."""
+
+    nodes: tuple[int, ...]
+
+
 class TapTaken(_Event, frozen=True):
     """The lane's state at ``position`` was copied into a free slot, now STAGING (§7.4)."""
 
@@ -284,6 +293,7 @@ CacheEvent = (
     | HostWriteLanded
     | BlockLoaded
     | SnapshotLoaded
+    | PinnedHostCopiesDropped
 )
 
 _ENCODER = msgspec.msgpack.Encoder()

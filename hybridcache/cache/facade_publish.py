@@ -366,7 +366,8 @@ class PublicationCalls(_Base):
         made so."""
         while True:
             denser_than = None if snap is None else density_term(snap)
-            events = plan_host_room(self.index, count, denser_than=denser_than)
+            release_pinned = snap is None and self.host_write is HostWrite.BACK
+            events = plan_host_room(self.index, count, denser_than, release_pinned)
             if events is None:
                 return False
             if not events:

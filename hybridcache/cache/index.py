@@ -90,6 +90,7 @@ class PrefixIndex(LaneHandlers, SnapshotHandlers, LoadedHandlers):
             ev.DeviceCopiesDropped: self._apply_device_copies_dropped,
             ev.SubtreeDeleted: self._apply_subtree_deleted,
             ev.NodeHostDropped: self._apply_node_host_dropped,
+            ev.PinnedHostCopiesDropped: self._apply_pinned_host_copies_dropped,
             ev.TapTaken: self._apply_tap_taken,
             ev.TapDropped: self._apply_tap_dropped,
             ev.SnapshotPublished: self._apply_snapshot_published,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from hybridcache.cache import events as ev
 from hybridcache.cache.errors import EventRejected
 from hybridcache.cache.ids import BLOCK_TOKENS, NodeId, PageId, SlotId
+from hybridcache.cache.lru import spans_without
 from hybridcache.cache.records import (
     BlockNode,
     HostWriteBatch,
@@ -368,6 +369,29 @@ class LaneHandlers(_Base):
         node.host_slab = None
         node.host_state = _ABSENT
         self._refresh_node(node)
+
+    def _apply_pinned_host_copies_dropped(self, e: ev.PinnedHostCopiesDropped) -> None:
+        nodes = self._nodes_named(e.nodes)
+        if _named_twice(e.nodes):
+            raise EventRejected("PinnedHostCopiesDropped: a node is named twice")
+        resident = _RESIDENT
+        for node in nodes:
+            if not node.active_refs:
+                raise EventRejected(f"PinnedHostCopiesDropped: node {node.id} is not pinned by a lane")
+            if node.restore_pins:
+                raise EventRejected(f"PinnedHostCopiesDropped: node {node.id} has a restore in flight")
+            if node.device_state is not resident or node.host_state is not resident:
+                raise EventRejected(f"PinnedHostCopiesDropped: node {node.id} is not on both tiers")
+        self._release_slabs(tuple(node.host_slab for node in nodes))  # type: ignore[misc]
+        for node in nodes:
+            node.host_slab = None
+            node.host_state = _ABSENT
+        # A lane's backed spans promise host copies (``DeviceLru.unpin_path``): take these blocks out.
+        for lane in self.lanes.values():
+            path = lane.path
+            blocks = {n.depth for n in nodes if n.depth < len(path) and path[n.depth] is n}
+            if blocks and lane.backed_spans:
+                lane.backed_spans = spans_without(lane.backed_spans, blocks)
 
     # ------------------------------------------------------------------ write-through
     def _apply_host_write_opened(self, e: ev.HostWriteOpened) -> None:

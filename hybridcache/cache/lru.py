@@ -299,3 +299,19 @@ class DeviceLru:
             assert entry is not None
             yield entry
             entry = entry.lru_next
+
+
+def spans_without(spans: Sequence[tuple[int, int]], blocks: set[int]) -> list[tuple[int, int]]:
+    """``spans`` ((first, last) block ranges, deepest first, as ``pin_chain`` records them) less the
+    ``blocks``: a span holding some of them is cut into the ranges between them, still deepest first.
+    Pure."""
+    kept: list[tuple[int, int]] = []
+    for first, last in spans:
+        end = last
+        for block in sorted((b for b in blocks if first <= b <= last), reverse=True):
+            if block < end:
+                kept.append((block + 1, end))
+            end = block - 1
+        if first <= end:
+            kept.append((first, end))
+    return kept

@@ -10,12 +10,14 @@ those a live snapshot can still reach are written to the host, in LRU order (a r
 deepest block first, so it is written tail-first, as it is evicted), then dropped from the device like
 any host-backed block; those no snapshot can reach are deleted with their subtree, which no snapshot can
 reach either (evicting them loses nothing reusable). The host therefore holds what the device does not,
-and the two tiers add up. The copy is small beside the prefill it saves (a 2 MiB page of 27B-INT8 KV
-moves in about 0.1 ms at 25 GB/s; its 64 tokens take about 15 ms to prefill), but it must finish before
-a new owner writes the page: the facade hands each such write to its ``host_copy`` callback, which
-copies at once (the engine waits for the transfer), and lands it before dropping the device copies. The
-spec keeps device eviction free of copies; this trades that for host capacity, and the wait is one
-D2H transfer of the pages a request is about to fill anyway.
+and the two tiers add up; a block restored from the host keeps its host copy only until the host needs
+room while a running lane still pins the block (``host_eviction.pinned_duplicates``). The copy is small
+beside the prefill it saves (a 2 MiB page of 27B-INT8 KV moves in about 0.1 ms at 25 GB/s; its 64 tokens
+take about 15 ms to prefill), but it must finish before a new owner writes the page: the facade hands
+each such write to its ``host_copy`` callback, which copies at once (the engine waits for the transfer),
+and lands it before dropping the device copies. The spec keeps device eviction free of copies; this
+trades that for host capacity, and the wait is one D2H transfer of the pages a request is about to fill
+anyway.
 
 Snapshot images and tails are written at publication in both modes, and an orderly stop that saves the
 prefix-cache file first writes every reachable device-only block (``blocks_to_flush``), so the file holds

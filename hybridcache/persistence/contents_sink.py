@@ -48,6 +48,7 @@ class ContentsSink:
             ev.HostWriteOpened: self._opened,
             ev.HostWriteLanded: self._landed,
             ev.NodeHostDropped: self._node_host_dropped,
+            ev.PinnedHostCopiesDropped: self._pinned_host_copies_dropped,
             ev.BlockMadeExact: self._block_made_exact,
             ev.SubtreeDeleted: self._subtree_deleted,
             ev.SnapshotHostDropped: self._snapshot_removed,
@@ -115,6 +116,10 @@ class ContentsSink:
         if NodeId(event.node) in self.index.nodes:
             return [BlockReleased(event.node)]
         return [NodeRemoved(event.node)]
+
+    def _pinned_host_copies_dropped(self, event: ev.PinnedHostCopiesDropped) -> list[ContentsRecord]:
+        """The host slabs were freed and the nodes stay (on the device): a restart must not find them."""
+        return [BlockReleased(node) for node in event.nodes]
 
     def _block_made_exact(self, event: ev.BlockMadeExact) -> list[ContentsRecord]:
         """The node's inexact host copy was freed (its exact bytes are stored again when the host write

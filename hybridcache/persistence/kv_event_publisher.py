@@ -77,6 +77,7 @@ COVER_EVENTS = (
     ev.DeviceCopiesDropped,
     ev.SubtreeDeleted,
     ev.NodeHostDropped,
+    ev.PinnedHostCopiesDropped,
     ev.BlockMadeExact,  # drops an inexact host copy; makes a path exact (an exact-only cover grows)
 )
 

@@ -3,6 +3,7 @@
 Evictions, by the event that carries them: ``evicted_device_blocks`` (device copies of blocks and
 snapshot tails dropped, the host copy kept), ``evicted_device_snapshot_images`` (a snapshot's slot
 freed, its host image kept), ``evicted_host_blocks`` (dead-KV host copies dropped),
+``dropped_pinned_host_copies`` (host copies of blocks a running lane pins on the device, freed),
 ``evicted_host_snapshot_images`` (a host image dropped, the device copy kept), ``deleted_subtrees``
 (a block lost its last copy and took its subtree along: device LRU without a host copy, or the ``lru``
 policy's host eviction) and ``deleted_snapshots`` (a snapshot lost every copy). Counts are exact
@@ -48,6 +49,7 @@ class SimCounters(msgspec.Struct, kw_only=True):
     evicted_device_blocks: int = 0
     evicted_device_snapshot_images: int = 0
     evicted_host_blocks: int = 0
+    dropped_pinned_host_copies: int = 0
     deleted_subtrees: int = 0
     evicted_host_snapshot_images: int = 0
     deleted_snapshots: int = 0
@@ -68,7 +70,12 @@ def count_eviction(counters: SimCounters, event: ev.CacheEvent) -> None:
     field = _EVICTION_FIELDS.get(type(event))
     if field is None:
         return
-    amount = len(event.nodes) + len(event.tails) if isinstance(event, ev.DeviceCopiesDropped) else 1
+    if isinstance(event, ev.DeviceCopiesDropped):
+        amount = len(event.nodes) + len(event.tails)
+    elif isinstance(event, ev.PinnedHostCopiesDropped):
+        amount = len(event.nodes)
+    else:
+        amount = 1
     setattr(counters, field, getattr(counters, field) + amount)
 
 
@@ -77,6 +84,7 @@ _EVICTION_FIELDS = MappingProxyType(
         ev.DeviceCopiesDropped: "evicted_device_blocks",
         ev.SnapshotDeviceDropped: "evicted_device_snapshot_images",
         ev.NodeHostDropped: "evicted_host_blocks",
+        ev.PinnedHostCopiesDropped: "dropped_pinned_host_copies",
         ev.SubtreeDeleted: "deleted_subtrees",
         ev.SnapshotHostDropped: "evicted_host_snapshot_images",
         ev.SnapshotDeleted: "deleted_snapshots",

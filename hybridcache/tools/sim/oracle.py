@@ -17,11 +17,12 @@ on the first 20 WEKA files, 4 users, 64 GiB, that oracle computed 5,608,275 toke
 Where ``ours`` values by GDSF, the oracle evicts what is needed furthest in the future (never used again
 first), the shallower snapshot first among equals (the deeper one saves more for the same request):
 
-- host room: dead KV first, exactly as ``ours`` (blocks below which no snapshot lies can serve nobody:
-  a hybrid model resumes only from a state), then the host snapshot whose next use saves the least
-  prefill per byte freed per request until that use (Belady for objects that differ in size and worth:
-  a deleted snapshot frees its image and its whole exclusive KV path, dropping the host image of one
-  that keeps a device copy only the image: the device copy still needs its path).
+- host room: dead KV first, then the host copies that running lanes' pinned device copies duplicate,
+  exactly as ``ours`` (blocks below which no snapshot lies can serve nobody: a hybrid model resumes only
+  from a state; a pinned block's device copy is the one in use), then the host snapshot whose next use
+  saves the least prefill per byte freed per request until that use (Belady for objects that differ in
+  size and worth: a deleted snapshot frees its image and its whole exclusive KV path, dropping the host
+  image of one that keeps a device copy only the image: the device copy still needs its path).
   Measured on four WEKA files, 2 users, a 2 GiB host (bound 715,084 tokens, ours 803,730): plain
   furthest-first computed 1,484,670, distance x bytes 859,375;
 - snapshot slots: the device copy of a host-backed snapshot needed furthest away (nothing is lost),
@@ -48,7 +49,12 @@ from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.facade import Cache
 from hybridcache.cache.facade_results import FinishResult, TapResult
 from hybridcache.cache.geometry import CacheGeometry
-from hybridcache.cache.host_eviction import dead_victims, exclusive_path_bytes, valuation_base
+from hybridcache.cache.host_eviction import (
+    dead_victims,
+    exclusive_path_bytes,
+    pinned_duplicates,
+    valuation_base,
+)
 from hybridcache.cache.ids import BLOCK_TOKENS, SnapshotId
 from hybridcache.cache.match import PromptInput, Quote
 from hybridcache.cache.records import Lane, Residency, Snapshot
@@ -195,8 +201,12 @@ class OracleCache(Cache):
         limit = None if snap is None else self._host_victim_key(snap)
         while host.num_free < count:
             dead = dead_victims(index, count - host.num_free)
+            release_pinned = snap is None and not dead and self.host_write is HostWrite.BACK
+            duplicates = pinned_duplicates(index, count - host.num_free) if release_pinned else []
             if dead:
                 events: list[ev.CacheEvent] = [ev.NodeHostDropped(0, node.id) for node in dead]
+            elif duplicates:
+                events = [ev.PinnedHostCopiesDropped(0, tuple(node.id for node in duplicates))]
             else:
                 candidates = [s for s in index.snapshots.values()
                               if s.restore_pins == 0 and s.host_state == Residency.RESIDENT]
