@@ -364,9 +364,9 @@ class PublicationCalls(_Base):
         """Free ``count`` host slabs, over victims worth less per byte than ``snap`` only (any victim when
         None; the policy hook the simulator's baselines override). Mutates; False when the room cannot be
         made so."""
+        release_pinned = snap is None and self.host_write is HostWrite.BACK
         while True:
             denser_than = None if snap is None else density_term(snap)
-            release_pinned = snap is None and self.host_write is HostWrite.BACK
             events = plan_host_room(self.index, count, denser_than, release_pinned)
             if events is None:
                 return False

@@ -289,7 +289,8 @@ class Worker:
             prefill_tokens=prompt.num_tokens - staged.reuse_tokens,
         )
         sampler = LaneSamplingState.create(
-            request.sampling, prompt.token_ids, self.runtime.model.config.vocab_size, self._generator
+            request.sampling, prompt.token_ids, self.runtime.model.config.vocab_size, self._generator,
+            self.runtime.device,  # where the model's logits are: penalty and bias tensors must be there too
         )
         lane = LaneState(
             lane_id,

@@ -57,19 +57,22 @@ class PenaltyCounts(NamedTuple):
 
 
 class LaneSamplingState:
-    """Mutable sampling state of one lane: its generator and, when penalties are on, its token history."""
+    """Mutable sampling state of one lane: its generator, its token history when penalties are on, and its
+    ``logit_bias`` as (token ids, biases) tensors, built once rather than at every step."""
 
-    def __init__(self, generator: torch.Generator, penalty_counts: PenaltyCounts | None) -> None:
+    def __init__(self, generator: torch.Generator, penalty_counts: PenaltyCounts | None,
+                 bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.generator = generator
         self.penalty_counts = penalty_counts
+        self.bias = bias
 
     @classmethod
     def create(cls, params: SamplingParams, prompt_token_ids: Iterable[int], vocab_size: int,
                engine_generator: torch.Generator, device: torch.device | str = "cpu") -> LaneSamplingState:
         """A fresh lane state; draws one seed from `engine_generator` (mutates it) when `params.seed` is None.
 
-        `engine_generator` and the lane's own generator are CPU generators; penalty tensors live on
-        `device`. Raises IndexError when a prompt token is outside the vocabulary.
+        `engine_generator` and the lane's own generator are CPU generators; penalty and bias tensors live
+        on `device`. Raises IndexError when a prompt token is outside the vocabulary.
         """
         generator = torch.Generator(device="cpu")
         generator.manual_seed(params.seed if params.seed is not None else _draw_seed(engine_generator))
@@ -79,7 +82,12 @@ class LaneSamplingState:
             prompt = torch.as_tensor(list(prompt_token_ids), dtype=torch.long, device=device)
             seen[prompt] = True
             counts = PenaltyCounts(seen, torch.zeros(vocab_size, dtype=torch.float32, device=device))
-        return cls(generator, counts)
+        bias = None
+        if params.logit_bias:
+            tokens, values = zip(*params.logit_bias, strict=True)
+            bias = (torch.tensor(tokens, dtype=torch.long, device=device),
+                    torch.tensor(values, dtype=torch.float32, device=device))
+        return cls(generator, counts, bias)
 
     def record(self, token_id: int) -> None:
         """Mutates: counts `token_id` as generated (a no-op for lanes without penalties)."""
@@ -105,12 +113,12 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(states):
         raise ValueError(f"logits {tuple(logits.shape)} vs {len(params)} params and {len(states)} states")
     penalized = any(state.penalty_counts is not None for state in states)
-    biased = any(lane.logit_bias for lane in params)
+    biased = any(state.bias is not None for state in states)
     scores = logits.to(torch.float32, copy=penalized or biased)
     if penalized:
         apply_penalties(scores, params, states)
     if biased:
-        apply_logit_bias(scores, params)
+        apply_logit_bias(scores, states)
     greedy = [row for row, lane in enumerate(params) if lane.greedy]
     if len(greedy) == len(params):  # argmax's first maximum, in half argmax's time on a CPU row of 248k
         return _results(scores.max(dim=-1).indices, scores, params)
@@ -146,14 +154,12 @@ def apply_penalties(scores: torch.Tensor, params: Sequence[SamplingParams],
     return scores
 
 
-def apply_logit_bias(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def apply_logit_bias(scores: torch.Tensor, states: Sequence[LaneSamplingState]) -> torch.Tensor:
     """Adds each lane's ``logit_bias`` to its row: mutates and returns `scores` (a float32 [B, V] copy owned
     by the caller). Raises IndexError for a token id outside the row (callers check ids first)."""
-    for row, lane in enumerate(params):
-        if lane.logit_bias:
-            tokens, values = zip(*lane.logit_bias, strict=True)
-            ids = torch.tensor(tokens, dtype=torch.long, device=scores.device)
-            scores[row].index_add_(0, ids, torch.tensor(values, dtype=scores.dtype, device=scores.device))
+    for row, state in enumerate(states):
+        if state.bias is not None:
+            scores[row].index_add_(0, *state.bias)
     return scores
 
 

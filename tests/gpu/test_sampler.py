@@ -371,7 +371,7 @@ def test_logit_bias_adds_to_the_named_tokens_only():
     logits = random_logits(2)
     biased = SamplingParams(temperature=0.0, logit_bias=((4, 2.5), (9, -7.0)))
     params = [biased, SamplingParams(temperature=0.0)]
-    scores = sampler.apply_logit_bias(logits.clone(), params)
+    scores = sampler.apply_logit_bias(logits.clone(), [lane(p) for p in params])
     expected = logits.clone()
     expected[0, 4] += 2.5
     expected[0, 9] -= 7.0
