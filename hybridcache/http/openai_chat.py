@@ -25,6 +25,7 @@ from hybridcache.http.output_parser import OutputParser, Segment
 from hybridcache.http.request_limits import check_conversation_size
 from hybridcache.http.request_prep import (
     build_sampling,
+    check_response_format,
     check_single_choice,
     connection_probe,
     decode_body,
@@ -44,6 +45,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = server_state(request)
     body = await decode_body(request, ChatCompletionRequest)
     check_single_choice(body.n)
+    check_response_format(body.response_format)
     stops = stop_strings(body.stop)
     prompt, chat = await chat_prompt(request, state, body)
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

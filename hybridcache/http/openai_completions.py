@@ -22,6 +22,7 @@ from hybridcache.http.openai_common import completion_logprobs, finish_reason, s
 from hybridcache.http.openai_schemas import CompletionRequest
 from hybridcache.http.request_prep import (
     build_sampling,
+    check_response_format,
     check_single_choice,
     connection_probe,
     decode_body,
@@ -43,6 +44,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await decode_body(request, CompletionRequest)
     state.check_model(body.model)
     check_single_choice(body.n)
+    check_response_format(body.response_format)
     _check_unsupported(body)
     stops = stop_strings(body.stop)
     prompt = await completion_prompt(state, body.prompt, request_cache_salt(request, body.cache_salt))

@@ -75,6 +75,12 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool = False
 
 
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's ``response_format``: only its ``type`` is read (``json_schema`` and the rest are not)."""
+
+    type: str
+
+
 class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
     """Fields both OpenAI endpoints share."""
 
@@ -93,6 +99,7 @@ class SamplingFields(msgspec.Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None  # token id (a decimal string) -> bias in [-100, 100]
     n: int = 1
+    response_format: ResponseFormat | None = None  # only "text": there is no constrained decoding
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

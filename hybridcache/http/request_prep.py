@@ -17,6 +17,7 @@ from hybridcache.core.api import PreparedPrompt
 from hybridcache.core.sampling_params import SamplingParams
 from hybridcache.core.tokenizer import FrontendError, Tokenizer
 from hybridcache.http.errors import ApiError, bad_request, from_validation_error
+from hybridcache.http.openai_schemas import ResponseFormat
 from hybridcache.http.output_parser import THINK_OPEN
 from hybridcache.http.request_limits import checked_stop_strings
 
@@ -104,6 +105,17 @@ def check_single_choice(n: int) -> None:
     """Raises ApiError 400 unless n == 1 (one choice per request is all this server generates)."""
     if n != 1:
         raise bad_request(f"n: only n=1 is supported, got {n}", "n")
+
+
+def check_response_format(response_format: ResponseFormat | None) -> None:
+    """Raises ApiError 400 for a ``response_format`` other than plain text: the server has no constrained
+    decoding, and output that ignored a requested JSON schema would break the client that relies on it."""
+    if response_format is not None and response_format.type != "text":
+        raise bad_request(
+            f"response_format: type {response_format.type!r} is not supported by this server (it has no "
+            "constrained decoding); omit the field or send {\"type\": \"text\"}",
+            "response_format",
+        )
 
 
 async def prepare(call: Callable[..., PreparedPrompt], *args: Any, **kwargs: Any) -> PreparedPrompt:

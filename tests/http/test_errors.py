@@ -76,6 +76,12 @@ OPENAI_BAD_CHATS = [
                  id="logit-bias-out-of-vocab"),
     pytest.param({**GOOD_CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias", "logit_bias: must be in",
                  id="logit-bias-range"),
+    pytest.param({**GOOD_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format",
+                 "'json_object' is not supported", id="json-mode"),
+    pytest.param({**GOOD_CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+                 "response_format", "'json_schema' is not supported", id="json-schema"),
+    pytest.param({**GOOD_CHAT, "response_format": {"json_schema": {}}}, 400, "response_format",
+                 "missing required field `type`", id="format-without-type"),
 ]
 
 
@@ -101,6 +107,7 @@ async def test_unknown_model_is_404_and_names_the_served_model(live: LiveServer)
     ({"model": MODEL, "prompt": "a", "suffix": "z"}, "suffix"),
     ({"model": MODEL, "prompt": "a", "best_of": 3}, "best_of"),
     ({"model": MODEL, "prompt": "a", "logit_bias": {"-3": 1}}, "logit_bias: keys must be token ids"),
+    ({"model": MODEL, "prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
 ])
 async def test_bad_completion_requests_get_400(live: LiveServer, body, fragment):
     assert_openai_error(await post(live, COMPLETIONS, body), 400, "invalid_request_error", fragment=fragment)

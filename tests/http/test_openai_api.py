@@ -182,6 +182,13 @@ async def test_sampling_fields_reach_the_engine(live: LiveServer):
     assert sampling.logit_bias == ((7, -100.0), (11, 2.5))
 
 
+async def test_a_plain_text_response_format_is_accepted(live: LiveServer):
+    reply = await live.openai().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2,
+                                                        response_format={"type": "text"})
+    assert reply.object == "chat.completion" and reply.choices[0].finish_reason is not None
+    assert live.engine.last.sampling.max_tokens == 2
+
+
 async def test_max_tokens_defaults_to_the_documented_cap(live: LiveServer):
     await live.openai().chat.completions.create(model=MODEL, messages=HELLO)
     assert live.engine.last.sampling.max_tokens == DEFAULT_MAX_TOKENS
