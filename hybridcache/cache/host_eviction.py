@@ -1,83 +1,49 @@
 """Host tier policy (§9.3): GDSF valuation, supersession, and slab allocation planning. Pure.
 
-H(s) = L_s + w(s)·t(F(s)·C(s)/Z(s)) with F = 1 + hits, C = prefill saved over the snapshot's base minus
-the image restore, Z = image + tail + exclusive path bytes, t the GD* tempering below and w(s) = 1, or
-``SUPERSEDED_WEIGHT`` for a superseded snapshot. Planners return events (seq 0; the caller numbers and
-applies them) and never mutate.
+H(s) = L_s + w(s)·t(F(s)·C(s)/Z(s)): L_s the inflation value L at the snapshot's last use, F = 1 + hits,
+C the prefill it saves, Z the host bytes it holds, t the GD* tempering below, w(s) its weight. Planners
+return events (seq 0; the caller numbers and applies them) and never mutate.
 
-Deviations from §9.3, measured with ``hybridcache simulate`` on the WEKA Claude Code traces (issue 7;
-whole set, 27B INT8 shape, 64 GiB, 8 users, x the infinite-cache bound): the spec's policy 2.37, the
-untempered GDSF with marginal values of the previous revision 1.33, this policy 1.22. One run's ratio
-moves by a few hundredths with any perturbation (a handful of 100k-400k-token conversations idle for more
-than ten minutes decide it), so compare policies over several settings: against the previous revision,
-7 users 1.32 -> 1.34, 9 users 1.58 -> 1.43, 48 GiB 1.69 -> 1.58, 96 GiB 1.11 -> 1.11.
-- Superseded snapshots are not evicted wholesale before retained ones. They compete by H like the rest
-  (their tempered density weighted by ``SUPERSEDED_WEIGHT``). Superseded-first deleted the branch points
-  that retries and re-rendered turns resume from (a request diverging a few thousand tokens before the
-  lineage's newest snapshot fell back to the shared preamble).
-- The base a snapshot is valued against: a snapshot that other snapshots record as their ancestor (the
-  middle of a lineage) against the nearest snapshot above it, superseded or not (what its removal alone
-  costs while the lineage's newer snapshot stays); the newest snapshot of a lineage (no dependents)
-  against the nearest snapshot above it that other lineages share (one with more than one dependent, or a
-  Boundary), or the root: losing it costs the next turn the whole conversation-specific prefill once the
-  cheap middle snapshots have gone, and valuing it by its last few hundred tokens (the previous rule) let
-  GDSF evict a conversation's newest endpoint right after publication. The chain walk runs when the
-  snapshot is valued; a value goes stale (until the snapshot is next revalued) when another lineage
-  branches off or leaves above it.
+Deviations from §9.3, measured with ``hybridcache simulate`` on the WEKA Claude Code traces (whole set,
+27B-INT8 shape, 64 GiB host, x the infinite-cache bound; one run moves by a few hundredths with any
+perturbation, so policies are compared over several concurrencies):
+- **Lineages are valued as units** (lineage_unit.py). The newest snapshot of a conversation's lineage
+  and its checkpoints (snapshots at doubling distances above it) share one H (``unit_value``): the
+  latest L_s among them plus the tempered density of the whole unit, the prefill from the shared
+  snapshot above to the newest over its private path, tails and member images, so a conversation ages
+  as one. The lineage's other snapshots are worth their L_s alone and go first. Among equal H (a unit's
+  members) the deepest goes first, so a unit under pressure shrinks from its end and a returning
+  conversation resumes from the deepest checkpoint left (oldest first: 3.47x the bound at 16 users
+  against 2.88x, the same at 8). Before, every snapshot was valued by itself, the newest against the
+  shared snapshot above (its whole conversation) over its exclusive path only; the middle snapshots
+  (62 % of the host's image bytes, used 0.6 % of the time) held the path, and when the last of them
+  went the newest one's value collapsed (the whole path now its own) and it went next: a conversation
+  idle 73 s lost its 137k-token endpoint that way. Per snapshot against as units, at 6/7/8/9/10/12
+  users: 1.0967/1.1420/1.1033/1.1363/1.2698/1.3762 against 1.0592/1.0877/1.0919/1.1378/1.2473/1.3334.
+  At 16 users (16 conversations' working set no longer fits) units are worse, 2.5122 against 2.8753:
+  aging whole conversations alike behaves like LRU on a cyclic working set, where the per-snapshot
+  values kept dense middle pieces of more of them.
+- Snapshots outside any lineage (Boundaries, snapshots two lineages share, hedges) are valued by
+  themselves (``own_value``): C is the prefill over ``valuation_base`` minus the image restore, Z the
+  image, tail and exclusive path (nodes from the anchor up while one snapshot lies below), and w is
+  ``SUPERSEDED_WEIGHT`` for a superseded one. Superseded snapshots are not evicted wholesale first:
+  that deleted the branch points retries and re-rendered turns resume from.
 - GD* tempering (Jin and Bestavros, "GreedyDual* Web caching algorithm", 2001): the density term is
-  t(d) = REFERENCE_DENSITY^(1-1/beta) · d^(1/beta) with beta = 2, so a snapshot's lifetime in units of L
-  grows with the square root of its density instead of linearly. Plain GDSF let a few very dense
-  snapshots (long conversations, whose attention makes prefill superlinear) outlive many young ones by
-  factors of a thousand, and the L jumps their late eviction caused expired everything else at once;
-  conversations idle for minutes then lost their newest endpoints to older ones that never returned.
-  REFERENCE_DENSITY only sets the numbers' scale (every value, new-snapshot estimates included, is
-  tempered the same way, so the eviction order does not depend on it).
+  t(d) = REFERENCE_DENSITY^(1-1/beta) · d^(1/beta) with beta = 2, so a lifetime in units of L grows with
+  the square root of the density instead of linearly. Plain GDSF let a few very dense snapshots (long
+  conversations, whose attention makes prefill superlinear) outlive young ones by factors of a thousand,
+  and the L jumps their late eviction caused expired everything else at once. REFERENCE_DENSITY only
+  sets the numbers' scale.
 - An image write is not refused when the victim is worth more than the new snapshot: a refused write
-  leaves the snapshot device-only, and device slot pressure then deleted it (1.47x vs 1.31x on 20 files).
-  Hedges are the exception (hedge_admission.py): their images go only into free room or over victims
-  worth less per byte (``density_term``, H without L), within a hedge byte budget, because a hedge is a
-  bet on an edit that usually never comes.
-- "Exclusive path" counts every node (one slab each, written through or about to be) from the anchor up
-  while exactly one snapshot (retained or superseded) lies below it.
-- Why the middle snapshots of a lineage (prompt taps, superseded endpoints) stay valued as they are: while
-  one lies above a lineage's newest snapshot, the newest one's exclusive path is only its own blocks and
-  its density is high; when the last middle one goes, its revaluation (the whole conversation as its
-  path, L_s from its last use) lands far below L and it goes next. An idle conversation therefore lives
-  about as long as its longest-lived middle snapshot. Measured and rejected (same setting, today 1.219;
-  each lost the default run): middle TAP/ENDPOINT snapshots without hits at weight 0.25 1.32 (Boundaries
-  included 1.45) or 2.0 1.24; superseding the single-chain ancestors of the resumed snapshot as the
-  lineage moves on 1.31; sizing the newest snapshot by every block below its shared ancestor 1.26 (with
-  that supersession and SUPERSEDED_WEIGHT 0.25: 1.24, 7 users 1.29 but 9 users 1.51); never lowering
-  the newest snapshot's H on a structural revaluation 1.27; SUPERSEDED_WEIGHT 1.0 1.25; tempering
-  exponents 0.4 and 0.6 1.28 and 1.26; no prompt-tail tap after an endpoint resume 1.29 (the next
-  non-echoing turn loses it). Later (whole set, 8 users, 64 GiB, today 1.1230), also rejected:
-  tempering exponents 0.25 and 0.75 1.1266 and 1.1940; SUPERSEDED_WEIGHT 0.25 and 1.0 1.1889 and
-  1.1342; superseded snapshots valued with one hit fewer (the continuation that superseded them) 1.1393;
-  dropping the host copies of device-resident blocks before any snapshot (MRU first) 1.1530 (the device
-  then writes them back into a full tier); full weight for a superseded snapshot that is the parent of
-  its lineage's newest (revalued when the lineage grows): 8 users 1.1204, but 7 users 1.1620 -> 1.1821
-  and 9 users 1.1787 -> 1.2251; tempering exponent 0.35 for a lineage's newest snapshot (0.5 for the
-  rest): 8 users 1.1054, but 7 users 1.1823 and 9 users 1.1827; a lineage's snapshots aged as a group
-(L_s of each the latest of its own and its single-chain descendants', so an idle conversation's
-snapshots all date from its last use): 7/8/9 users 1.1950/1.1514/1.2124 against 1.1620/1.1230/1.1787;
-lineage-private snapshots above the parent of the newest at weight 0 (evicted first): 1.3722/1.3961/
-1.4570 (capacity excess 4.47M -> 14.9M tokens at 8 users: with them gone, a request whose newest
-snapshot was lost falls back to the shared preamble). What remains over the bound is not
-  room: the capacity floor (tools/sim/capacity_floor.py) shows that at 4 to 12 users no block need ever
-  be lost for want of it, and ``simulate --explain`` that whenever a snapshot a request needs soon is
-  deleted, the tier holds (median) 21 GiB of images and 28 GiB of KV that no later request uses. The
-  policy's task is to tell those apart. ``excess_capacity_tokens_idle_*`` shows where it fails: at 8 users
-44 requests that lost more than 20k tokens each carry 3.47M of the 4.47M capacity tokens: their
-conversations' newest snapshots and paths had been evicted while idle, 13 of them for under 5 minutes
-(0.80M), 15 for 5 to 30 (1.20M), 16 for 30 minutes to 5.6 hours (1.47M). Hedges lost 164k.
-At 16 users most of it is lost by conversations idle under 5 minutes (40.8M of 77.2M capacity tokens:
-16 conversations' working set no longer fits device plus host). Also rejected there: the saving priced
-in tokens (attention pairs left out of C): 8/16 users 1.1159/3.0517 against 1.1230/3.0246; L_s scaled
-by 0.9 in H (slower aging): 8 users 3.4691 (L stops growing, so old dense snapshots are never evicted);
-a new snapshot inheriting its ancestor's hits (a lineage's turn count as its frequency): 8/16 users
-1.2489/3.2460, capped at 3 hits 1.1688/3.0245. A candidate, not adopted: re-valuing (L_s = L) the snapshot
-a request will resume from when it joins the admission queue, as a real server could: 16 users 3.0246
--> 2.9896, 8 users 1.1230 -> 1.1251.
+  leaves the snapshot device-only, and device slot pressure then deletes it. Hedges are the exception
+  (hedge_admission.py).
+- Rejected on the way (most measured at 8 users, some also at 7, 9 and 16; the figures are in the
+  issue notes): other tempering exponents and superseded weights; superseded-first eviction; the saving
+  priced in tokens; hit counts inherited along a lineage; never lowering a newest snapshot's H;
+  whole-lineage sizing with the middles evicted first, or with the parent valued alone (the parent then
+  held the path as the middles had); checkpoints without the shared unit value, or the unit value
+  without checkpoints; checkpoint spacing 1.5 or 3 instead of 2; a member's H the larger of the unit's
+  and its own.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
@@ -90,6 +56,8 @@ from typing import TYPE_CHECKING
 from hybridcache.cache import events as ev
 from hybridcache.cache.cost_model import CacheCostModel
 from hybridcache.cache.device_eviction import subtree_removable_node
+from hybridcache.cache.ids import BLOCK_TOKENS
+from hybridcache.cache.lineage_unit import LineageUnit, unit_of
 from hybridcache.cache.records import BlockNode, Residency, Snapshot, SnapshotKind
 
 if TYPE_CHECKING:
@@ -193,8 +161,43 @@ def density_term(snap: Snapshot) -> float:
     return snap.gdsf_h - snap.base_l
 
 
-def value_snapshot(index: PrefixIndex, snap: Snapshot, cost: CacheCostModel) -> float:
-    """H(snap) from the current index (L_s is the snapshot's own base). Pure."""
+def lineage_values(index: PrefixIndex, unit: LineageUnit, cost: CacheCostModel) -> dict[int, float]:
+    """H of every snapshot in ``unit``'s chain but its hedges (see the module note): the unit's value for
+    its newest and checkpoints, unless the newest is a hedge or a Boundary (then each by itself,
+    ``own_value``); L_s alone for the rest. Pure."""
+    shared = None
+    if unit.newest.kind not in (SnapshotKind.HEDGE, SnapshotKind.BOUNDARY):
+        shared = unit_value(index, unit, cost)
+    values: dict[int, float] = {}
+    for snap in unit.chain:
+        if snap.kind == SnapshotKind.HEDGE:
+            continue
+        if snap.id not in unit.kept:
+            values[snap.id] = snap.base_l
+        else:
+            values[snap.id] = own_value(index, snap, cost) if shared is None else shared
+    return values
+
+
+def unit_value(index: PrefixIndex, unit: LineageUnit, cost: CacheCostModel) -> float:
+    """H shared by a lineage's newest snapshot and checkpoints: the latest L_s among them plus the tempered
+    density of the whole unit: (1 + their most hits) x the prefill from the shared snapshot above to the
+    newest, over the unit's host bytes (its private path, tails, and its members' images).
+    Pure."""
+    geometry = index.geometry
+    members = unit.members()
+    images = sum(1 for s in members if s.kind != SnapshotKind.HEDGE)
+    tails = sum(1 for s in members if s.tail_tokens)
+    blocks = max(unit.newest.anchor.depth + 1 - unit.base // BLOCK_TOKENS, 0)
+    size = geometry.image_bytes * max(images, 1) + geometry.slab_bytes * (blocks + tails)
+    saved = cost.prefill_seconds(unit.base, unit.newest.frontier - unit.base)
+    hits = max(s.hits for s in members)
+    return max(s.base_l for s in members) + tempered_density((1 + hits) * saved / size)
+
+
+def own_value(index: PrefixIndex, snap: Snapshot, cost: CacheCostModel) -> float:
+    """H of ``snap`` by itself: the prefill it saves over ``valuation_base``, over its image, tail and
+    exclusive path, weighted by ``SUPERSEDED_WEIGHT`` when superseded. Pure."""
     tail_bytes = index.geometry.slab_bytes if snap.tail_tokens else 0
     size = index.geometry.image_bytes + tail_bytes + exclusive_path_bytes(index, snap.anchor)
     weight = SUPERSEDED_WEIGHT if snap.superseded else 1.0
@@ -223,9 +226,23 @@ def plan_revalue(index: PrefixIndex, snaps: list[Snapshot], cost: CacheCostModel
         affected.update(snap.dependents)
         for sharer in path_sharers(snap.anchor, 2):
             affected[sharer.id] = sharer
+    # A lineage's snapshots share one value and its checkpoints move as it grows: value whole lineages,
+    # each walked once.
+    values_by_id: dict[int, float] = {}
+    for snap in list(affected.values()):
+        if snap.id in values_by_id:
+            continue
+        unit = unit_of(snap)
+        if unit is None:
+            continue
+        values_by_id.update(lineage_values(index, unit, cost))
+        affected.update((member.id, member) for member in unit.chain)
+        values_by_id.setdefault(snap.id, snap.base_l)  # above the Boundary the unit starts at: not kept
     ids, values = [], []
     for sid in sorted(affected):
-        value = value_snapshot(index, affected[sid], cost)
+        value = values_by_id.get(sid)
+        if value is None:
+            value = own_value(index, affected[sid], cost)
         if value != affected[sid].gdsf_h:
             ids.append(sid)
             values.append(value)
@@ -360,7 +377,8 @@ def plan_host_room(
     hedge_admission.py). A dead-KV step names up to the whole shortfall at once, then, with
     ``release_pinned``, a step of host copies that running lanes' pinned device copies duplicate
     (``pinned_duplicates``; the facade asks for it in write-back mode and not for a hedge); otherwise
-    the host snapshot with the lowest H goes (see the module note), L rising to its H.
+    the host snapshot with the lowest H goes (the deepest among equals; see the module note), L rising to
+    its H.
     """
     host = index.host
     if host is None:
@@ -377,7 +395,7 @@ def plan_host_room(
     candidates = [s for s in index.snapshots.values() if _unpinned_host(s)]
     if not candidates:
         return None
-    victim = min(candidates, key=lambda s: (s.gdsf_h, s.id))
+    victim = min(candidates, key=lambda s: (s.gdsf_h, -s.frontier, s.id))
     if denser_than is not None and density_term(victim) >= denser_than:
         return None
     out: list[ev.CacheEvent] = []

@@ -80,11 +80,12 @@ def run_request(
     land: bool = True,
     output_tokens: int = 64,
     hedges: Sequence[int] = (),
+    boundaries: Sequence[int] = (),
 ):
     """Quote, stage, activate, prefill (taps at chunk boundaries), decode ``generated``, finish.
 
-    ``hedges``: tap positions taken as hedges (cache/hedge_admission.py). Lands every restore and write
-    batch at once when ``land``. Returns (quote, staged, finish result).
+    ``hedges``: tap positions taken as hedges (cache/hedge_admission.py); ``boundaries``: as Boundaries.
+    Lands every restore and write batch at once when ``land``. Returns (quote, staged, finish result).
     """
     quoted = cache.quote(prompt(toks, output_tokens))
     assert quoted.readiness == Readiness.READY, quoted
@@ -93,9 +94,9 @@ def run_request(
     if land and staged.restore is not None:
         cache.restore_done(staged.restore.batch)
     writes = []
-    for position in [*sorted({*taps, *hedges}), len(toks)]:  # prefill chunk by chunk, tapping at chunk ends
+    for position in [*sorted({*taps, *hedges, *boundaries}), len(toks)]:  # chunk by chunk, tapping at ends
         if position < len(toks) and position > quoted.reuse_tokens:
-            cache.take_tap(lane, position, hedge=position in hedges)
+            cache.take_tap(lane, position, boundary=position in boundaries, hedge=position in hedges)
         cache.commit_blocks(lane, toks[:position])
         published = cache.publish_ready_taps(lane, toks[:position])
         if published.write is not None:

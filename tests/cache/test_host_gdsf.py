@@ -17,7 +17,7 @@ from cache_factories import (
 )
 
 from hybridcache.cache.events import GdsfInflated, NodeHostDropped, SnapshotDeleted, SnapshotDeviceDropped
-from hybridcache.cache.host_eviction import SUPERSEDED_WEIGHT, plan_host_room, tempered_density
+from hybridcache.cache.host_eviction import SUPERSEDED_WEIGHT, own_value, plan_host_room, tempered_density
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.write_back import HostWrite
 
@@ -40,17 +40,18 @@ def h_of(cache, snapshot_id) -> float:
     return cache.index.snapshots[snapshot_id].gdsf_h
 
 
-def test_two_siblings_are_valued_by_their_own_prefill_and_exclusive_blocks():
+def test_two_siblings_are_each_valued_as_a_unit_from_the_root():
     cache = gdsf_cache()
     shared = tokens(128, seed=1)
     _, _, a = run_request(cache, shared + tokens(128, seed=2), lane=0)  # endpoint at 256
     _, _, b = run_request(cache, shared + tokens(192, seed=3), lane=1)  # endpoint at 320, from the root
-    # A: 256 tokens saved, image + its 2 exclusive blocks. B: 320 tokens, image + 3 exclusive blocks.
-    assert h_of(cache, a.endpoint) == pytest.approx(h((0.256 - RESTORE) / (IMAGE + 2 * PAGE)))
-    assert h_of(cache, b.endpoint) == pytest.approx(h((0.320 - RESTORE) / (IMAGE + 3 * PAGE)))
+    # No snapshot lies where they part, so each lineage reaches the root: A saves 256 tokens over its
+    # image and 4 path blocks, B 320 tokens over its image and 5 (lineage_unit.py).
+    assert h_of(cache, a.endpoint) == pytest.approx(h(0.256 / (IMAGE + 4 * PAGE)))
+    assert h_of(cache, b.endpoint) == pytest.approx(h(0.320 / (IMAGE + 5 * PAGE)))
 
 
-def test_a_lineage_middle_is_valued_against_its_ancestor_and_its_newest_against_the_root():
+def test_a_lineages_newest_and_its_parent_share_the_units_value_with_its_hits():
     cache = gdsf_cache()
     history = tokens(256, seed=1)
     _, _, first = run_request(cache, history, lane=0)  # E1 at 256
@@ -58,14 +59,12 @@ def test_a_lineage_middle_is_valued_against_its_ancestor_and_its_newest_against_
     assert quoted.reuse_tokens == 256 and cache.index.snapshots[first.endpoint].superseded
     retry, _, third = run_request(cache, history + tokens(10, seed=3), lane=0)  # a retry re-retains E1
     assert retry.reuse_tokens == 256 and third.endpoint is None
-    e1 = cache.index.snapshots[first.endpoint]
+    e1, e2 = cache.index.snapshots[first.endpoint], cache.index.snapshots[second.endpoint]
     assert not e1.superseded and e1.hits == 2
-    # E1 (E2 records it as its ancestor): (1 + 2 hits) × 256 tokens over its image alone (its blocks are
-    # shared with E2), at the L of its last hit.
-    assert e1.gdsf_h == pytest.approx(e1.base_l + h(3 * (0.256 - RESTORE) / IMAGE))
-    # E2, the newest of the lineage: all 384 tokens from the root (E1 is no other lineage's), over its
-    # image and its 2 exclusive blocks.
-    assert h_of(cache, second.endpoint) == pytest.approx(h((0.384 - RESTORE) / (IMAGE + 2 * PAGE)))
+    # One unit: (1 + the most hits, 2) x 384 tokens from the root over two images and 6 path blocks, at
+    # the latest L_s of the two (E1's last hit).
+    expected = max(e1.base_l, e2.base_l) + h(3 * 0.384 / (2 * IMAGE + 6 * PAGE))
+    assert e1.gdsf_h == pytest.approx(expected) and e2.gdsf_h == pytest.approx(expected)
 
 
 def test_dead_kv_is_reclaimed_before_any_snapshot():
@@ -113,16 +112,18 @@ def test_the_inflation_value_never_falls_under_pressure():
     assert seen == sorted(seen)
 
 
-def test_a_superseded_middle_is_valued_against_the_snapshot_above_it_at_half_weight():
+def test_a_superseded_snapshot_valued_by_itself_weighs_half():
     cache = gdsf_cache()
     history = tokens(256, seed=1)
     _, _, first = run_request(cache, history, lane=0)  # E1 at 256
     run_request(cache, history + tokens(64, seed=2), lane=1)  # resumes E1: E1 superseded, E2 at 320
     e1 = cache.index.snapshots[first.endpoint]
     assert e1.superseded and e1.hits == 1
-    # E1 is the middle of the lineage: (1 + 1 hit) × its 256 tokens from the root over its image alone,
-    # at the superseded weight (deviation from §9.3: it competes by value instead of going first).
-    assert e1.gdsf_h == pytest.approx(e1.base_l + h(2 * (0.256 - RESTORE) / IMAGE, SUPERSEDED_WEIGHT))
+    # By itself (as Boundaries and shared snapshots are valued): (1 + 1 hit) x its 256 tokens from the
+    # root over its image alone (its blocks are E2's too), at the superseded weight.
+    assert own_value(cache.index, e1, cache.cost) == pytest.approx(
+        e1.base_l + h(2 * (0.256 - RESTORE) / IMAGE, SUPERSEDED_WEIGHT)
+    )
 
 
 def test_the_newest_snapshot_of_a_lineage_is_valued_against_the_nearest_shared_snapshot():
