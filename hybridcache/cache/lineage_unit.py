@@ -35,7 +35,8 @@ from typing import NamedTuple
 from hybridcache.cache.records import Snapshot, SnapshotKind
 
 MIN_CHECKPOINT_GAP = 256
-"""Tokens: no two checkpoints (or the newest and the first one beyond its parent) closer than this."""
+"""Tokens: the smallest gap ``CHECKPOINT_SPACING`` multiplies, so the checkpoint after the first (the
+parent) lies at least 512 tokens before the newest however close the parent is."""
 
 CHECKPOINT_SPACING = 2.0
 """Each checkpoint lies at least this many times farther from the newest than the previous one."""
