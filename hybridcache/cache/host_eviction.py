@@ -42,13 +42,13 @@ perturbation, so policies are compared over several concurrencies):
   priced in tokens; hit counts inherited along a lineage; never lowering a newest snapshot's H;
   whole-lineage sizing with the middles evicted first, or with the parent valued alone (the parent then
   held the path as the middles had); checkpoints without the shared unit value, or the unit value
-  without checkpoints; checkpoint spacing 1.5 or 3 instead of 2; a member's H the larger of the unit's
-  and its own; a recency floor (what a conversation published in the last W seconds is no victim
-  while older ones exist: at W = 300 s better at 16 and 17 users, worse at 8, 12 and 15, and worse at
-  16 users with W = 60 s or 600 s; gated on recent victims, no gain; gated on an admission that
-  waited over 10 s in the last 300 s, 16 users 1.88x but 12 users 1.44x against 1.33x); values
-  raised or lowered by the stop reason of a conversation's last response (a tool call or the end of
-  its turn).
+  without checkpoints; checkpoint spacing 1.5, 3 or 4 instead of 2; a member's H the larger of the
+  unit's and its own; a unit's density weighted down by its size; a recency floor (what a
+  conversation published in the last W seconds is no victim while older ones exist: always on, better
+  at 16 and 17 users and worse at 8, 12 and 15; gated on queue waits, better at 15 and 16 and worse at
+  12; gated on recent victims, no gain); protecting the state of a request waiting for admission;
+  values raised or lowered by the stop reason of a conversation's last response (a tool call or the
+  end of its turn).
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
