@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from hybridcache.tools import simulate as simulate_cli
-from hybridcache.tools.sim.explain import SAMPLE_EVERY
+from hybridcache.tools.sim.explain import SAMPLE_EVERY, CensusCache
+from hybridcache.tools.sim.oracle import FutureUses
 from hybridcache.tools.sim.runner import Simulation, simulate_explained
 from hybridcache.tools.traces import load_trace
-from tests.tools.test_simulate import config, story_traces
+from tests.tools.test_simulate import TINY, config, story_traces, weka_request, write_weka
 
 
 def _needed_deletions(report) -> int:
@@ -43,3 +46,42 @@ def test_cli_explain_prints_its_lines_for_ours_only(tmp_path, capsys):
     assert "computed_tokens" in values and "explain_host_kv_never_needed_mib" in values
     assert simulate_cli.main([*paths, *tight, "--explain", "--policy", "lru"]) == 2
     assert "ours policy only" in capsys.readouterr().err
+
+
+def test_never_needed_state_is_told_by_whether_its_last_user_finished():
+    cache = CensusCache(TINY.geometry(64, 1, 2, 3))
+    prompts = [((0, 0), [1, 2]), ((1, 0), [1, 3]), ((0, 1), [1, 2, 4])]  # (conversation, turn), hashes
+    cache.future = FutureUses(prompts)
+    cache.know_conversations([conversation for (conversation, _), _ in prompts])
+    root = SimpleNamespace(lookup_hash=0, parent=None)
+    node = {1: SimpleNamespace(lookup_hash=1, parent=root)}
+    node[2] = SimpleNamespace(lookup_hash=2, parent=node[1])
+    node[3] = SimpleNamespace(lookup_hash=3, parent=node[1])
+    node[4] = SimpleNamespace(lookup_hash=4, parent=node[2])
+    output = SimpleNamespace(lookup_hash=99, parent=node[3])  # a block no prompt holds: its parent's user
+    assert cache.future.last_holder(1) is None and not cache._of_finished(node[1])  # nobody held it yet
+    cache.future.admitted((0, 0))
+    assert cache.future.last_holder(2) == 0
+    assert not cache._of_finished(node[2])  # conversation 0 has a request left
+    cache.future.admitted((1, 0))
+    assert cache.future.last_holder(1) == 1 and cache._of_finished(node[3])  # conversation 1 sent its last
+    assert cache._of_finished(output)
+    assert cache._of_finished(node[1]) and not cache._of_finished(node[2])  # the latest holder decides
+    cache.future.admitted((0, 1))
+    assert cache._of_finished(node[2]) and cache._of_finished(node[4])
+
+
+def test_census_counts_finished_conversations_state_among_the_never_needed(tmp_path):
+    """Two more conversations beside the story's, one of them a single request: with a 2 MiB host and two
+    users, needed snapshots go while finished conversations' state sits on the host."""
+    paths = story_traces(tmp_path)
+    paths.append(write_weka(tmp_path / "gamma.json", [
+        weka_request(0.0, 1200, 20, list(range(300, 318))),
+        weka_request(400.0, 1500, 20, list(range(300, 323)))], prefix_tokens=128))
+    paths.append(write_weka(tmp_path / "delta.json", [
+        weka_request(0.0, 1000, 20, list(range(400, 415)))], prefix_tokens=128))
+    trace = load_trace(paths, shared_prefix=True)
+    _, report = simulate_explained(trace, config(host_cache_mib=2, device_pages=40, users=2))
+    assert report.censuses > 0
+    assert 0 < report.host_kv_of_finished_mib <= report.host_kv_never_needed_mib
+    assert 0 < report.host_images_of_finished_mib <= report.host_images_never_needed_mib

@@ -11,8 +11,10 @@ its place in its lineage: the newest (no dependents), the parent of a newest one
 by whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
 ``SAMPLE_EVERY``-th such deletion of a lineage snapshot (hedges go for device slots, not host room)
 takes a census of the host: image bytes of snapshots that no later request needs against needed ones,
-and bytes of host KV blocks that no later prompt holds against the rest. A census walks every snapshot
-and node, so it is sampled. Mutable; not a serving policy.
+and bytes of host KV blocks that no later prompt holds against the rest; of the never-needed bytes, those
+whose last user is a conversation that has sent its last request (a *finished* one: its state looks to a
+server like that of an idle conversation that will return). A census walks every snapshot and node, so
+it is sampled. Mutable; not a serving policy.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import msgspec
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.facade import Cache
-from hybridcache.cache.records import Snapshot, SnapshotKind
+from hybridcache.cache.records import BlockNode, Snapshot, SnapshotKind
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 
 HORIZON = 50  # admissions: a deletion of a snapshot needed within this many requests is counted
@@ -44,6 +46,8 @@ class ExplainReport(msgspec.Struct, frozen=True, kw_only=True):
     host_images_needed_mib: float
     host_kv_never_needed_mib: float
     host_kv_needed_mib: float
+    host_images_of_finished_mib: float  # of the never-needed images: last used by a finished conversation
+    host_kv_of_finished_mib: float  # of the never-needed host KV: the same
 
 
 class CensusCache(Cache):
@@ -57,7 +61,26 @@ class CensusCache(Cache):
         self._roles = {"hedge": 0, "newest": 0, "parent": 0, "middle": 0}
         self._device_only = 0
         self._counted = 0  # deletions of lineage snapshots (not hedges)
-        self._samples: list[tuple[float, float, float, float]] = []
+        self._samples: list[tuple[float, ...]] = []
+        self._conversation_at: list[int] = []  # per rank of the future: its request's conversation
+        self._last_rank: dict[int, int] = {}  # conversation -> rank of its last request
+
+    def know_conversations(self, conversation_at: list[int]) -> None:
+        """The conversation of each request of ``future``, in its order. Mutates."""
+        self._conversation_at = conversation_at
+        self._last_rank = {conversation: rank for rank, conversation in enumerate(conversation_at)}
+
+    def _of_finished(self, node: BlockNode) -> bool:
+        """The last request whose prompt held ``node`` (or, for a block no prompt held, such as the
+        output of a conversation's last request, its deepest ancestor that one held) belongs to a
+        conversation that has no request left."""
+        rank = None
+        while rank is None and node.parent is not None:
+            rank = self.future.last_holder(node.lookup_hash)
+            node = node.parent
+        if rank is None or rank >= len(self._conversation_at):
+            return False
+        return self._last_rank[self._conversation_at[rank]] < self.future.position
 
     def _apply(self, event: ev.CacheEvent) -> None:
         if isinstance(event, ev.SnapshotDeleted):
@@ -91,27 +114,30 @@ class CensusCache(Cache):
             self._samples.append(self._census())
         self._counted += 1
 
-    def _census(self) -> tuple[float, float, float, float]:
+    def _census(self) -> tuple[float, ...]:
         index = self.index
-        geometry = index.geometry
-        images_never = images_needed = kv_never = kv_needed = 0
+        image, slab = index.geometry.image_bytes, index.geometry.slab_bytes
+        images_never = images_needed = kv_never = kv_needed = images_finished = kv_finished = 0
         for snap in index.snapshots.values():
             if snap.host_slabs:
                 if self._needed_at(snap) == NEVER:
-                    images_never += geometry.image_bytes
+                    images_never += image
+                    images_finished += image * self._of_finished(snap.anchor)
                 else:
-                    images_needed += geometry.image_bytes
+                    images_needed += image
         for node in index.nodes.values():
             if node.host_slab is not None and node.parent is not None:
                 if self.future.next_use(node.lookup_hash) == NEVER:
-                    kv_never += geometry.slab_bytes
+                    kv_never += slab
+                    kv_finished += slab * self._of_finished(node)
                 else:
-                    kv_needed += geometry.slab_bytes
-        return images_never / MIB, images_needed / MIB, kv_never / MIB, kv_needed / MIB
+                    kv_needed += slab
+        counted = (images_never, images_needed, kv_never, kv_needed, images_finished, kv_finished)
+        return tuple(value / MIB for value in counted)
 
     def report(self) -> ExplainReport:
         """The counts and medians so far. Pure."""
-        columns = list(zip(*self._samples, strict=True)) if self._samples else [(0.0,)] * 4
+        columns = list(zip(*self._samples, strict=True)) if self._samples else [(0.0,)] * 6
         medians = [statistics.median(column) for column in columns]
         return ExplainReport(
             needed_deleted_hedge=self._roles["hedge"],
@@ -124,4 +150,6 @@ class CensusCache(Cache):
             host_images_needed_mib=medians[1],
             host_kv_never_needed_mib=medians[2],
             host_kv_needed_mib=medians[3],
+            host_images_of_finished_mib=medians[4],
+            host_kv_of_finished_mib=medians[5],
         )

@@ -42,6 +42,7 @@ than ``ours`` shows.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from hybridcache.cache import events as ev
@@ -99,6 +100,15 @@ class FutureUses:
         if rank is not None:
             self._done.add(rank)
         self._arriving = None
+
+    def last_holder(self, lookup_hash: int) -> int | None:
+        """The rank of the latest request before the present (``position``) whose prompt holds the block,
+        None if none did (exact in a run that admits in this order, as explain.py's). Pure."""
+        ranks = self._uses.get(lookup_hash)
+        if not ranks:
+            return None
+        before = bisect_left(ranks, self.position)
+        return ranks[before - 1] if before else None
 
     def next_use(
         self, lookup_hash: int, deeper: Sequence[tuple[int, int]] = (), *, after_arriving: bool = False

@@ -344,5 +344,6 @@ def simulate_explained(trace: Trace, config: SimConfig) -> tuple[SimResult, Expl
     cache = watched.driver.cache
     assert isinstance(cache, CensusCache)
     cache.future = FutureUses(first.admitted)
+    cache.know_conversations([item.conversation for item, _ in first.admitted])
     watched.run()
     return result, cache.report()
