@@ -48,7 +48,11 @@ perturbation, so policies are compared over several concurrencies):
   at 16 and 17 users and worse at 8, 12 and 15; gated on queue waits, better at 15 and 16 and worse at
   12; gated on recent victims, no gain); protecting the state of a request waiting for admission;
   values raised or lowered by the stop reason of a conversation's last response (a tool call or the
-  end of its turn).
+  end of its turn); a conversation's previous branch worth its L_s alone once its next prompt diverges
+  well before that branch's end (it needs a session id); the checkpoints below the parent worth less
+  than the newest and the parent. What decides the 8-user figure is telling ended conversations from
+  idle ones (``simulate --explain``: a third of the tier is ended conversations' KV whenever a needed
+  snapshot goes), which none of these does.
 Supersession still orders device slot reuse (§9.2), is re-retained by a hit, and keeps superseded
 snapshots out of the prefix-cache file (§5.5).
 """
