@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from hybridcache.tools import simulate as simulate_cli
 from hybridcache.tools.sim.explain import SAMPLE_EVERY, CensusCache
-from hybridcache.tools.sim.oracle import FutureUses
 from hybridcache.tools.sim.runner import Simulation, simulate_explained
 from hybridcache.tools.traces import load_trace
 from tests.tools.test_simulate import TINY, config, story_traces, weka_request, write_weka
@@ -48,11 +48,14 @@ def test_cli_explain_prints_its_lines_for_ours_only(tmp_path, capsys):
     assert "ours policy only" in capsys.readouterr().err
 
 
+class Request(NamedTuple):
+    conversation: int
+    turn: int
+
+
 def test_never_needed_state_is_told_by_whether_its_last_user_finished():
     cache = CensusCache(TINY.geometry(64, 1, 2, 3))
-    prompts = [((0, 0), [1, 2]), ((1, 0), [1, 3]), ((0, 1), [1, 2, 4])]  # (conversation, turn), hashes
-    cache.future = FutureUses(prompts)
-    cache.know_conversations([conversation for (conversation, _), _ in prompts])
+    cache.know_future([(Request(0, 0), [1, 2]), (Request(1, 0), [1, 3]), (Request(0, 1), [1, 2, 4])])
     root = SimpleNamespace(lookup_hash=0, parent=None)
     node = {1: SimpleNamespace(lookup_hash=1, parent=root)}
     node[2] = SimpleNamespace(lookup_hash=2, parent=node[1])
@@ -60,14 +63,14 @@ def test_never_needed_state_is_told_by_whether_its_last_user_finished():
     node[4] = SimpleNamespace(lookup_hash=4, parent=node[2])
     output = SimpleNamespace(lookup_hash=99, parent=node[3])  # a block no prompt holds: its parent's user
     assert cache.future.last_holder(1) is None and not cache._of_finished(node[1])  # nobody held it yet
-    cache.future.admitted((0, 0))
+    cache.future.admitted(Request(0, 0))
     assert cache.future.last_holder(2) == 0
     assert not cache._of_finished(node[2])  # conversation 0 has a request left
-    cache.future.admitted((1, 0))
+    cache.future.admitted(Request(1, 0))
     assert cache.future.last_holder(1) == 1 and cache._of_finished(node[3])  # conversation 1 sent its last
     assert cache._of_finished(output)
     assert cache._of_finished(node[1]) and not cache._of_finished(node[2])  # the latest holder decides
-    cache.future.admitted((0, 1))
+    cache.future.admitted(Request(0, 1))
     assert cache._of_finished(node[2]) and cache._of_finished(node[4])
 
 

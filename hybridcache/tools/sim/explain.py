@@ -20,6 +20,8 @@ it is sampled. Mutable; not a serving policy.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -62,13 +64,15 @@ class CensusCache(Cache):
         self._device_only = 0
         self._counted = 0  # deletions of lineage snapshots (not hedges)
         self._samples: list[tuple[float, ...]] = []
-        self._conversation_at: list[int] = []  # per rank of the future: its request's conversation
+        self._conversation_at: list[int] = []  # per rank of the future: its conversation
         self._last_rank: dict[int, int] = {}  # conversation -> rank of its last request
 
-    def know_conversations(self, conversation_at: list[int]) -> None:
-        """The conversation of each request of ``future``, in its order. Mutates."""
-        self._conversation_at = conversation_at
-        self._last_rank = {conversation: rank for rank, conversation in enumerate(conversation_at)}
+    def know_future(self, admitted: Sequence[tuple[Any, Sequence[int]]]) -> None:
+        """The admission order to watch: (request key, its prompt's full-block lookup hashes) per request,
+        as ``Simulation.admitted`` lists them; a key names its ``conversation``. Mutates."""
+        self.future = FutureUses(admitted)
+        self._conversation_at = [key.conversation for key, _ in admitted]
+        self._last_rank = {conversation: rank for rank, conversation in enumerate(self._conversation_at)}
 
     def _of_finished(self, node: BlockNode) -> bool:
         """The last request whose prompt held ``node`` (or, for a block no prompt held, such as the
@@ -78,9 +82,7 @@ class CensusCache(Cache):
         while rank is None and node.parent is not None:
             rank = self.future.last_holder(node.lookup_hash)
             node = node.parent
-        if rank is None or rank >= len(self._conversation_at):
-            return False
-        return self._last_rank[self._conversation_at[rank]] < self.future.position
+        return rank is not None and self._last_rank[self._conversation_at[rank]] < self.future.position
 
     def _apply(self, event: ev.CacheEvent) -> None:
         if isinstance(event, ev.SnapshotDeleted):

@@ -343,7 +343,6 @@ def simulate_explained(trace: Trace, config: SimConfig) -> tuple[SimResult, Expl
     watched = Simulation(trace, msgspec.structs.replace(config, capacity_floor=False), CensusCache)
     cache = watched.driver.cache
     assert isinstance(cache, CensusCache)
-    cache.future = FutureUses(first.admitted)
-    cache.know_conversations([item.conversation for item, _ in first.admitted])
+    cache.know_future(first.admitted)
     watched.run()
     return result, cache.report()
