@@ -41,6 +41,7 @@ from hybridcache.cache.host_eviction import (
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlotId, SnapshotId
 from hybridcache.cache.index import PrefixIndex
 from hybridcache.cache.match import PromptInput, Quote, Readiness, match, quote, source_options
+from hybridcache.cache.recency_floor import RecencyFloor
 from hybridcache.cache.records import BlockNode, Lane, LaneId, LruList, Residency, Snapshot
 from hybridcache.cache.write_back import HostWrite
 
@@ -108,10 +109,16 @@ class Cache(PublicationCalls):
         self.host_write = HostWrite(host_write)
         self.host_copy = host_copy
         self.keep_backed_device_images = keep_backed_device_images
+        self.now: float | None = None  # seconds, set by the owner (the cache reads no clock); None: no floor
+        self.recency_floor = RecencyFloor()
 
     # ------------------------------------------------------------------ event plumbing
     def _apply(self, event: ev.CacheEvent) -> None:
         event = msgspec.structs.replace(event, seq=self.index.seq + 1)
+        if self.now is not None and isinstance(event, ev.SnapshotDeleted):
+            deleted = self.index.snapshots.get(SnapshotId(event.snapshot))
+            if deleted is not None:  # (an unknown id is apply()'s error to raise)
+                self.recency_floor.deleted(deleted, self.now)
         self.index.apply(event)
         if self.journal is not None:
             self.journal.append(event)

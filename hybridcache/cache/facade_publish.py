@@ -6,7 +6,7 @@ Mixed into ``Cache`` (facade.py); uses its event plumbing (``_apply``, ``_apply_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.cache import events as ev
@@ -29,6 +29,7 @@ from hybridcache.cache.host_eviction import (
     plan_supersession,
 )
 from hybridcache.cache.ids import BLOCK_TOKENS, PageId, SlabId, SnapshotId
+from hybridcache.cache.recency_floor import finished_unit
 from hybridcache.cache.records import BlockNode, Lane, LaneId, Residency, Snapshot, SnapshotKind
 from hybridcache.cache.slots import plan_snapshot_slot
 from hybridcache.cache.write_back import HostWrite, WriteBackPlan, blocks_to_flush, plan_write_back
@@ -167,6 +168,8 @@ class PublicationCalls(_Base):
             taps = self.publish_ready_taps(lane, tokens, exact_tokens)
         endpoint, skipped = self._publish_endpoint(la, tokens, exact_tokens, inexact_endpoint)
         snaps = [] if endpoint is None else [self.index.snapshots[endpoint]]
+        if self.now is not None and snaps:
+            self.recency_floor.finished(finished_unit(snaps[0], la.base), self.now)
         write = self._plan_write(self._written_through(la), snaps)
         self._apply(ev.LaneReleased(0, lane))
         return FinishResult(endpoint, skipped, taps, write)
@@ -367,13 +370,18 @@ class PublicationCalls(_Base):
         release_pinned = snap is None and self.host_write is HostWrite.BACK
         while True:
             denser_than = None if snap is None else density_term(snap)
-            events = plan_host_room(self.index, count, denser_than, release_pinned)
+            events = plan_host_room(self.index, count, denser_than, release_pinned, self._spared())
             if events is None:
                 return False
             if not events:
                 return True
             self.stats.evicted_host_events += len(events)
             self._apply_valued(events)
+
+    def _spared(self) -> Callable[[Snapshot], bool] | None:
+        """The recency floor's rule for host victims now (recency_floor.py); None while it is off or
+        while the owner gives no time."""
+        return None if self.now is None else self.recency_floor.spared(self.now)
 
     def _open_write(
         self, nodes: list[BlockNode], images: list[Snapshot], tails: list[Snapshot], total: int

@@ -34,6 +34,8 @@ perturbation, so policies are compared over several concurrencies):
   conversations, whose attention makes prefill superlinear) outlive young ones by factors of a thousand,
   and the L jumps their late eviction caused expired everything else at once. REFERENCE_DENSITY only
   sets the numbers' scale.
+- Under sustained overload the recency floor (recency_floor.py) narrows the victims to what no request
+  finished with in the last few minutes; ``plan_host_room`` takes its rule as ``spared``.
 - An image write is not refused when the victim is worth more than the new snapshot: a refused write
   leaves the snapshot device-only, and device slot pressure then deletes it. Hedges are the exception
   (hedge_admission.py).
@@ -43,10 +45,10 @@ perturbation, so policies are compared over several concurrencies):
   whole-lineage sizing with the middles evicted first, or with the parent valued alone (the parent then
   held the path as the middles had); checkpoints without the shared unit value, or the unit value
   without checkpoints; checkpoint spacing 1.5, 3 or 4 instead of 2; a member's H the larger of the
-  unit's and its own; a unit's density weighted down by its size; a recency floor (what a
-  conversation published in the last W seconds is no victim while older ones exist: always on, better
-  at 16 and 17 users and worse at 8, 12 and 15; gated on queue waits, better at 15 and 16 and worse at
-  12; gated on recent victims, no gain); protecting the state of a request waiting for admission;
+  unit's and its own; a unit's density weighted down by its size; the recency floor
+  (recency_floor.py, which gates it on the age of deleted endpoints) always on (better at 16 and 17
+  users, worse at 8, 12 and 15), or gated on queue waits, on ghost hits of recent victims or on recent
+  victims; protecting the state of a request waiting for admission;
   values raised or lowered by the stop reason of a conversation's last response (a tool call or the
   end of its turn); a conversation's previous branch worth its L_s alone once its next prompt diverges
   well before that branch's end (it needs a session id); the checkpoints below the parent worth less
@@ -59,6 +61,7 @@ snapshots out of the prefix-cache file (§5.5).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 from typing import TYPE_CHECKING
 
@@ -378,7 +381,11 @@ def _unpinned_host(snap: Snapshot) -> bool:
 
 
 def plan_host_room(
-    index: PrefixIndex, slabs_needed: int, denser_than: float | None = None, release_pinned: bool = False
+    index: PrefixIndex,
+    slabs_needed: int,
+    denser_than: float | None = None,
+    release_pinned: bool = False,
+    spared: Callable[[Snapshot], bool] | None = None,
 ) -> list[ev.CacheEvent] | None:
     """One step toward ``slabs_needed`` free slabs: [] when they are free, None when nothing can be
     evicted (everything is pinned, or with ``denser_than``, the snapshot with the lowest H has a density
@@ -387,7 +394,8 @@ def plan_host_room(
     ``release_pinned``, a step of host copies that running lanes' pinned device copies duplicate
     (``pinned_duplicates``; the facade asks for it in write-back mode and not for a hedge); otherwise
     the host snapshot with the lowest H goes (the deepest among equals; see the module note), L rising to
-    its H.
+    its H; with ``spared`` (the recency floor, recency_floor.py), the lowest among those it does not
+    spare while any exist.
     """
     host = index.host
     if host is None:
@@ -404,6 +412,8 @@ def plan_host_room(
     candidates = [s for s in index.snapshots.values() if _unpinned_host(s)]
     if not candidates:
         return None
+    if spared is not None:
+        candidates = [s for s in candidates if not spared(s)] or candidates
     victim = min(candidates, key=lambda s: (s.gdsf_h, -s.frontier, s.id))
     if denser_than is not None and density_term(victim) >= denser_than:
         return None

@@ -343,6 +343,9 @@ class Engine:
         stats["host_tier_hedge_snapshot_bytes"] = snapshot_host_bytes(index, hedges)
         stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
         stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
+        floor = self.cache.recency_floor
+        stats["host_tier_recency_floor_on"] = self.cache.now is not None and floor.is_on(self.cache.now)
+        stats["host_tier_recency_floor_switched_on"] = floor.switched_on
         states = self.runtime.states
         stats["snapshot_image_bytes"] = states.image_bytes
         stats["snapshot_image_pending_tail_bytes"] = states.tail_bytes()

@@ -140,6 +140,7 @@ class Worker:
         try:
             while True:
                 self._wake.clear()
+                self.cache.now = time.monotonic()  # the cache reads no clock: its recency floor's time
                 self._drain_inbox()
                 if self.stopping:
                     break

@@ -326,5 +326,9 @@ async def test_stats_report_the_host_tier_composition(micro_checkpoint: Path, fr
         assert host["kv_live"] == stats["host_tier_written_back_blocks"] * slab
         snapshot_bytes = host["snapshot_images"] + host["snapshot_tails"]
         assert stats["host_tier_superseded_snapshot_bytes"] <= snapshot_bytes
+        # The worker tells the cache the time (its recency floor's clock); two short prompts never gate it on.
+        assert engine.cache.now is not None
+        assert stats["host_tier_recency_floor_on"] is False
+        assert stats["host_tier_recency_floor_switched_on"] == 0
     finally:
         await engine.stop()

@@ -167,6 +167,7 @@ class Simulation:
             self._start_user()
         while self._events:
             self.now, _, kind, payload = heapq.heappop(self._events)
+            self.driver.cache.now = self.now
             if kind == _ARRIVE:
                 self._queue.append((payload, None))  # type: ignore[arg-type]
             else:
