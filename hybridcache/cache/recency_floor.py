@@ -12,10 +12,11 @@ deep lineage's newest snapshot (over ``DEEP_TOKENS``) made while it was off, the
 ``YOUNG_S`` after its request finished: the tier is deleting conversations minutes after they spoke.
 Then it stays on for ``WINDOW_S``. Measured with ``hybridcache simulate`` on the whole WEKA set
 (27B-INT8, x the infinite-cache bound, host 64 GiB and 64 MiB either side; figures in the issue notes):
-16 users 2.88-3.11 without it, 1.92-2.00 with it; 14 users 1.63 -> 1.54; 8 users 1.0919 -> 1.0875. The
-price is at 12 users: 1.31-1.40 without it (one run moves by 5 % with 64 MiB of host), 1.382-1.386
-with it, 3 % more on average. Gated on queue waits or on ghost hits of recent victims instead, it cost
-3-8 % at 12 users; a stricter gate (20 deletions, a median under 120 s) lost the 16-user gain.
+16 users 2.88-3.11 without it, 1.92-2.00 with it; 14 users 1.63 -> 1.54; 8 users 1.0919 -> 1.0875.
+The price: at 12 users 1.31-1.40 without it (one run moves by 5 % with 64 MiB of host), 1.382-1.386
+with it, 3 % more on average; the Mooncake conversation trace 1.500 -> 1.525. Gated on queue waits or
+on ghost hits of recent victims instead, it cost 3-8 % at 12 users; a stricter gate (20 deletions, a
+median under 120 s) lost the 16-user gain.
 
 Time comes from the owner (``Cache.now``: the worker's monotonic clock, the simulator's clock); the cache
 never reads a clock, and without a time the floor stays off. Policy state only: nothing here is an event,
