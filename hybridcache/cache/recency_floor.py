@@ -73,9 +73,8 @@ class RecencyFloor:
     def deleted(self, snap: Snapshot, now: float) -> None:
         """``snap`` is about to be deleted: a deep lineage's newest one counts toward the gate."""
         at = self._finished.pop(snap.id, None)
-        if snap.kind == SnapshotKind.HEDGE or snap.dependents or snap.frontier <= DEEP_TOKENS:
-            return
-        if self.is_on(now):
+        shallow = snap.frontier <= DEEP_TOKENS
+        if snap.kind == SnapshotKind.HEDGE or snap.dependents or shallow or self.is_on(now):
             return
         ages = self._ages
         ages.append(float("inf") if at is None else now - at)

@@ -344,7 +344,8 @@ class Engine:
         stats["host_tier_hedge_budget_bytes"] = self.cache.hedge_budget_bytes
         stats["hedge_host_writes_refused"] = self.cache.stats.hedge_writes_refused
         floor = self.cache.recency_floor
-        stats["host_tier_recency_floor_on"] = self.cache.now is not None and floor.is_on(self.cache.now)
+        # The worker's clock, read now: the time it last gave the cache goes stale while it idles.
+        stats["host_tier_recency_floor_on"] = floor.is_on(time.monotonic())
         stats["host_tier_recency_floor_switched_on"] = floor.switched_on
         states = self.runtime.states
         stats["snapshot_image_bytes"] = states.image_bytes
