@@ -171,9 +171,10 @@ class ContentsWriter:
                 try:
                     self._write_batch(batch, clean)
                 except Exception as error:
-                    self.error = error
+                    # Logged before it is published: whoever sees ``error`` set can find the log line.
                     log.error("cache directory %s: write failed: %s; later host writes are not made "
                               "durable (the cache keeps serving)", self.path.parent, error)
+                    self.error = error
             elif not batch and self.error is None:
                 self.durable_seq = max(self.durable_seq, clean)
             with self._lock:
