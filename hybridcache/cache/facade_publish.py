@@ -370,13 +370,20 @@ class PublicationCalls(_Base):
         release_pinned = snap is None and self.host_write is HostWrite.BACK
         while True:
             denser_than = None if snap is None else density_term(snap)
-            events = plan_host_room(self.index, count, denser_than, release_pinned, self._spared())
+            events = self._host_room_step(count, denser_than, release_pinned)
             if events is None:
                 return False
             if not events:
                 return True
             self.stats.evicted_host_events += len(events)
             self._apply_valued(events)
+
+    def _host_room_step(
+        self, count: int, denser_than: float | None, release_pinned: bool
+    ) -> list[ev.CacheEvent] | None:
+        """One step toward ``count`` free host slabs (``plan_host_room``, the recency floor's rule
+        included); the hook the simulator's hindsight runs override (sim/told_cache.py). Pure."""
+        return plan_host_room(self.index, count, denser_than, release_pinned, self._spared())
 
     def _spared(self) -> Callable[[Snapshot], bool] | None:
         """The recency floor's rule for host victims now (recency_floor.py); None while it is off or

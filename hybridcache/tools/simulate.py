@@ -28,10 +28,18 @@ from hybridcache.tools.sim.report import (
     plot_sweep,
     result_lines,
     sweep_table,
+    told_lines,
     users_table,
 )
-from hybridcache.tools.sim.runner import SimConfig, simulate, simulate_explained, simulate_with_oracle
+from hybridcache.tools.sim.runner import (
+    SimConfig,
+    simulate,
+    simulate_explained,
+    simulate_told,
+    simulate_with_oracle,
+)
 from hybridcache.tools.sim.shapes import DEFAULT_SHAPE, SHAPES, get_shape
+from hybridcache.tools.sim.told_cache import Told
 from hybridcache.tools.traces import TraceFormatError, load_trace
 
 DEFAULT_SWEEP_MIB = (0, 8192, 32768, 65536, 131072)
@@ -89,6 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run ours twice (the first run gives the future) and print what the host held whenever a "
         "snapshot that a request within 50 admissions needs was deleted (sim/explain.py)",
+    )
+    parser.add_argument(
+        "--told",
+        default=None,
+        choices=[t.value for t in Told],
+        help="run ours twice (the first run gives the future) and print the second, whose host tier "
+        "evicts first the snapshots no later request resumes from: those of conversations that have sent "
+        "their last request (ended) or all of them (dead): what ours would compute if it knew "
+        "(sim/told_cache.py)",
     )
     parser.add_argument(
         "--host-write",
@@ -191,10 +208,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if budgets is None:
         config = _config(args, Policy(args.policy), args.host_cache_mib)
-        if args.explain:
-            if config.policy is not Policy.OURS:
-                print("hybridcache simulate: --explain watches the ours policy only", file=sys.stderr)
-                return 2
+        if (args.explain or args.told) and config.policy is not Policy.OURS:
+            print("hybridcache simulate: --explain and --told run the ours policy only", file=sys.stderr)
+            return 2
+        if args.explain and args.told:
+            print("hybridcache simulate: --explain and --told are separate runs: give one", file=sys.stderr)
+            return 2
+        if args.told:
+            ours, told = simulate_told(trace, config, Told(args.told))
+            lines = result_lines(trace.name, trace.format, config, told) + told_lines(args.told, ours)
+        elif args.explain:
             result, explained = simulate_explained(trace, config)
             lines = result_lines(trace.name, trace.format, config, result) + explain_lines(explained)
         else:

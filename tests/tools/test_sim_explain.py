@@ -62,29 +62,35 @@ def test_never_needed_state_is_told_by_whether_its_last_user_finished():
     node[3] = SimpleNamespace(lookup_hash=3, parent=node[1])
     node[4] = SimpleNamespace(lookup_hash=4, parent=node[2])
     output = SimpleNamespace(lookup_hash=99, parent=node[3])  # a block no prompt holds: its parent's user
-    assert cache.future.last_holder(1) is None and not cache._of_finished(node[1])  # nobody held it yet
+    assert cache.future.last_holder(1) is None and not cache.hindsight.ended(node[1])  # nobody held it yet
     cache.future.admitted(Request(0, 0))
     assert cache.future.last_holder(2) == 0
-    assert not cache._of_finished(node[2])  # conversation 0 has a request left
+    assert not cache.hindsight.ended(node[2])  # conversation 0 has a request left
     cache.future.admitted(Request(1, 0))
-    assert cache.future.last_holder(1) == 1 and cache._of_finished(node[3])  # conversation 1 sent its last
-    assert cache._of_finished(output)
-    assert cache._of_finished(node[1]) and not cache._of_finished(node[2])  # the latest holder decides
+    assert cache.future.last_holder(1) == 1 and cache.hindsight.ended(node[3])  # conversation 1 sent its last
+    assert cache.hindsight.ended(output)
+    assert cache.hindsight.ended(node[1]) and not cache.hindsight.ended(node[2])  # the latest holder decides
     cache.future.admitted(Request(0, 1))
-    assert cache._of_finished(node[2]) and cache._of_finished(node[4])
+    assert cache.hindsight.ended(node[2]) and cache.hindsight.ended(node[4])
 
 
-def test_census_counts_finished_conversations_state_among_the_never_needed(tmp_path):
+def ended_conversations_trace(tmp_path):
     """Two more conversations beside the story's, one of them a single request: with a 2 MiB host and two
-    users, needed snapshots go while finished conversations' state sits on the host."""
+    users (``ENDED_TIGHT``), needed snapshots go while finished conversations' state sits on the host."""
     paths = story_traces(tmp_path)
     paths.append(write_weka(tmp_path / "gamma.json", [
         weka_request(0.0, 1200, 20, list(range(300, 318))),
         weka_request(400.0, 1500, 20, list(range(300, 323)))], prefix_tokens=128))
     paths.append(write_weka(tmp_path / "delta.json", [
         weka_request(0.0, 1000, 20, list(range(400, 415)))], prefix_tokens=128))
-    trace = load_trace(paths, shared_prefix=True)
-    _, report = simulate_explained(trace, config(host_cache_mib=2, device_pages=40, users=2))
+    return load_trace(paths, shared_prefix=True)
+
+
+ENDED_TIGHT = config(host_cache_mib=2, device_pages=40, users=2)
+
+
+def test_census_counts_finished_conversations_state_among_the_never_needed(tmp_path):
+    _, report = simulate_explained(ended_conversations_trace(tmp_path), ENDED_TIGHT)
     assert report.censuses > 0
     assert 0 < report.host_kv_of_finished_mib <= report.host_kv_never_needed_mib
     assert 0 < report.host_images_of_finished_mib <= report.host_images_never_needed_mib

@@ -2,13 +2,13 @@
 request needed. It tells a policy loss (the tier was full of things nobody uses again) from a capacity
 loss (it was full of things somebody needs).
 
-Two runs of ``ours`` over the same trace and settings: the first gives the admission order (the future,
-as for ``oracle``); the second watches every event before it is applied. A ``SnapshotDeleted`` whose
-snapshot a request within ``HORIZON`` admissions needs (``FutureUses``' rule: the request passes the
-snapshot's anchor but no dependent's anchor, so it would resume there) is counted by what the snapshot was:
-a hedge (tap_planner's HEDGE; for the 27B shapes device-only by design, the hedge budget being 0), else by
-its place in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and
-by whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
+Two runs of ``ours`` over the same trace and settings: the first gives the admission order (the future, as for
+``oracle``, read by hindsight.py); the second watches every event before it is applied. A ``SnapshotDeleted``
+whose snapshot a request within ``HORIZON`` admissions needs (``FutureUses``' rule: the request passes the
+snapshot's anchor but no dependent's anchor, so it would resume there) is counted by what the snapshot was: a
+hedge (tap_planner's HEDGE; for the 27B shapes device-only by design, the hedge budget being 0), else by its
+place in its lineage: the newest (no dependents), the parent of a newest one, or a deeper middle; and by
+whether it had a host image (the host planner deleted it) or not (the device slot planner did). Every
 ``SAMPLE_EVERY``-th such deletion of a lineage snapshot (hedges go for device slots, not host room)
 takes a census of the host: image bytes of snapshots that no later request needs against needed ones,
 and bytes of host KV blocks that no later prompt holds against the rest; of the never-needed bytes, those
@@ -27,7 +27,8 @@ import msgspec
 
 from hybridcache.cache import events as ev
 from hybridcache.cache.facade import Cache
-from hybridcache.cache.records import BlockNode, Snapshot, SnapshotKind
+from hybridcache.cache.records import Snapshot, SnapshotKind
+from hybridcache.tools.sim.hindsight import Hindsight
 from hybridcache.tools.sim.oracle import NEVER, FutureUses
 
 HORIZON = 50  # admissions: a deletion of a snapshot needed within this many requests is counted
@@ -55,34 +56,21 @@ class ExplainReport(msgspec.Struct, frozen=True, kw_only=True):
 class CensusCache(Cache):
     """``ours`` (the plain facade) that takes the census above before each deletion is applied."""
 
-    future: FutureUses
-
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.future = FutureUses(())
+        self.hindsight = Hindsight()
         self._roles = {"hedge": 0, "newest": 0, "parent": 0, "middle": 0}
         self._device_only = 0
         self._counted = 0  # deletions of lineage snapshots (not hedges)
         self._samples: list[tuple[float, ...]] = []
-        self._conversation_at: list[int] = []  # per rank of the future: its conversation
-        self._last_rank: dict[int, int] = {}  # conversation -> rank of its last request
+
+    @property
+    def future(self) -> FutureUses:
+        return self.hindsight.future
 
     def know_future(self, admitted: Sequence[tuple[Any, Sequence[int]]]) -> None:
-        """The admission order to watch: (request key, its prompt's full-block lookup hashes) per request,
-        as ``Simulation.admitted`` lists them; a key names its ``conversation``. Mutates."""
-        self.future = FutureUses(admitted)
-        self._conversation_at = [key.conversation for key, _ in admitted]
-        self._last_rank = {conversation: rank for rank, conversation in enumerate(self._conversation_at)}
-
-    def _of_finished(self, node: BlockNode) -> bool:
-        """The last request whose prompt held ``node`` (or, for a block no prompt held, such as the
-        output of a conversation's last request, its deepest ancestor that one held) belongs to a
-        conversation that has no request left."""
-        rank = None
-        while rank is None and node.parent is not None:
-            rank = self.future.last_holder(node.lookup_hash)
-            node = node.parent
-        return rank is not None and self._last_rank[self._conversation_at[rank]] < self.future.position
+        """The admission order to watch (``Hindsight.know``). Mutates."""
+        self.hindsight.know(admitted)
 
     def _apply(self, event: ev.CacheEvent) -> None:
         if isinstance(event, ev.SnapshotDeleted):
@@ -91,13 +79,8 @@ class CensusCache(Cache):
                 self._deleting(snap)
         super()._apply(event)
 
-    def _needed_at(self, snap: Snapshot) -> float:
-        deeper = [(d.anchor.depth, d.anchor.lookup_hash) for d in snap.dependents.values()
-                  if d.anchor is not snap.anchor]
-        return self.future.next_use(snap.anchor.lookup_hash, deeper)
-
     def _deleting(self, snap: Snapshot) -> None:
-        when = self._needed_at(snap)
+        when = self.hindsight.needed_at(snap)
         if when == NEVER or when - self.future.position > HORIZON:
             return
         if snap.kind == SnapshotKind.HEDGE:
@@ -122,16 +105,16 @@ class CensusCache(Cache):
         images_never = images_needed = kv_never = kv_needed = images_finished = kv_finished = 0
         for snap in index.snapshots.values():
             if snap.host_slabs:
-                if self._needed_at(snap) == NEVER:
+                if self.hindsight.needed_at(snap) == NEVER:
                     images_never += image
-                    images_finished += image * self._of_finished(snap.anchor)
+                    images_finished += image * self.hindsight.ended(snap.anchor)
                 else:
                     images_needed += image
         for node in index.nodes.values():
             if node.host_slab is not None and node.parent is not None:
                 if self.future.next_use(node.lookup_hash) == NEVER:
                     kv_never += slab
-                    kv_finished += slab * self._of_finished(node)
+                    kv_finished += slab * self.hindsight.ended(node)
                 else:
                     kv_needed += slab
         counted = (images_never, images_needed, kv_never, kv_needed, images_finished, kv_finished)

@@ -71,6 +71,12 @@ def result_lines(trace_name: str, trace_format: str, config: SimConfig, result: 
     return [f"{name}={_format(value)}" for name, value in {**settings, **counters, **derived}.items()]
 
 
+def told_lines(told: str, untold: SimResult) -> list[str]:
+    """What a ``--told`` run was told, and what the same run computed untold (sim/told_cache.py). Pure."""
+    return [f"told={told}", f"untold_computed_tokens={untold.counters.computed_tokens}",
+            f"untold_computed_vs_bound={_format(untold.computed_vs_bound)}"]
+
+
 def explain_lines(report: ExplainReport) -> list[str]:
     """``explain_<field>=value`` per line (sim/explain.py). Pure."""
     return [f"explain_{name}={_format(value)}" for name, value in msgspec.structs.asdict(report).items()]

@@ -34,6 +34,7 @@ from hybridcache.tools.sim.material import RequestMaterial, build_material, gene
 from hybridcache.tools.sim.oracle import FutureUses, OracleCache
 from hybridcache.tools.sim.policies import Policy, make_cache
 from hybridcache.tools.sim.shapes import ModelShape
+from hybridcache.tools.sim.told_cache import Told, ToldCache
 from hybridcache.tools.traces import Conversation, Trace
 
 
@@ -90,7 +91,8 @@ class _User:
 
 
 _ARRIVE, _FINISH = 0, 1
-_KNOWS_THE_FUTURE = (OracleCache, CensusCache)  # caches told each admission (their FutureUses moves)
+# caches told each admission (their FutureUses moves)
+_KNOWS_THE_FUTURE = (OracleCache, CensusCache, ToldCache)
 
 
 class Simulation:
@@ -347,3 +349,17 @@ def simulate_explained(trace: Trace, config: SimConfig) -> tuple[SimResult, Expl
     cache.know_future(first.admitted)
     watched.run()
     return result, cache.report()
+
+
+def simulate_told(trace: Trace, config: SimConfig, told: Told) -> tuple[SimResult, SimResult]:
+    """(``ours``, ``ours`` told ``told`` in hindsight, told_cache.py) under the same settings: the second
+    run knows the admission order of the first (neither computes the capacity floor). Pure with respect
+    to its inputs."""
+    config = msgspec.structs.replace(config, policy=Policy.OURS, capacity_floor=False)
+    first = Simulation(trace, config)
+    result = first.run()
+    told_run = Simulation(trace, config, ToldCache)
+    cache = told_run.driver.cache
+    assert isinstance(cache, ToldCache)
+    cache.know_future(first.admitted, told)
+    return result, told_run.run()
