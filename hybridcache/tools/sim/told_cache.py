@@ -15,7 +15,8 @@ A told eviction neither raises GDSF's L (a told victim's H says nothing about th
 the ``ended`` run below computed 1.139x, more than untold) nor feeds the recency floor's gate (which
 reads deletions of young state as overload; fed, 1.074x). Measured on the whole WEKA set (27B-INT8,
 8 users, x the infinite-cache bound, host 64 GiB and 64 MiB either side): untold 1.0849 / 1.0875 /
-1.0932, ``ended`` 1.0439 / 1.0673 / 1.0470; ``dead`` 1.0246 at 64 GiB.
+1.0932, ``ended`` 1.0439 / 1.0673 / 1.0470; ``dead`` 1.0246 at 64 GiB (16 users: untold 1.9606, ``dead``
+1.6301, ``--policy oracle`` 1.7934).
 
 Two runs of ``ours`` over the same trace and settings, as ``--explain``: the first gives the admission
 order. A verdict is memoized per snapshot and set of dependents for ``RECHECK`` admissions (a snapshot
