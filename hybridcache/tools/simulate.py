@@ -183,8 +183,26 @@ def _sweep_users(text: str) -> list[int]:
     return users
 
 
+def _watched_run_error(args: argparse.Namespace) -> str | None:
+    """Why ``--explain`` / ``--told`` cannot run with the other flags given; None when they can (or
+    neither is given). Pure."""
+    if not (args.explain or args.told):
+        return None
+    if args.explain and args.told:
+        return "--explain and --told are separate runs: give one"
+    if args.policy != Policy.OURS.value:
+        return "--explain and --told run the ours policy only"
+    if args.sweep or args.plot or args.sweep_users is not None:
+        return "--explain and --told are single runs: not with --sweep, --sweep-users or --plot"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the simulation(s) and print the report. Returns the exit status (2 for bad input)."""
+    refused = _watched_run_error(args)
+    if refused is not None:
+        print(f"hybridcache simulate: {refused}", file=sys.stderr)
+        return 2
     try:
         trace = load_trace(args.traces, shared_prefix=True)
         budgets = _sweep_budgets(args.sweep) if (args.sweep or args.plot) else None
@@ -208,12 +226,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if budgets is None:
         config = _config(args, Policy(args.policy), args.host_cache_mib)
-        if (args.explain or args.told) and config.policy is not Policy.OURS:
-            print("hybridcache simulate: --explain and --told run the ours policy only", file=sys.stderr)
-            return 2
-        if args.explain and args.told:
-            print("hybridcache simulate: --explain and --told are separate runs: give one", file=sys.stderr)
-            return 2
         if args.told:
             ours, told = simulate_told(trace, config, Told(args.told))
             lines = result_lines(trace.name, trace.format, config, told) + told_lines(args.told, ours)

@@ -78,7 +78,9 @@ def test_a_told_run_evicts_dead_state_first_and_keeps_the_index_sound(tmp_path, 
         assert c.computed_tokens + c.reused_tokens_device_kv + c.reused_tokens_host_kv == c.input_tokens
 
 
-@pytest.mark.parametrize("extra", [["--policy", "lru"], ["--explain"]])
+@pytest.mark.parametrize(
+    "extra", [["--policy", "lru"], ["--explain"], ["--sweep-users", "1,2"], ["--sweep", "0,1"]]
+)
 def test_cli_told_prints_both_runs_and_refuses_other_modes(tmp_path, capsys, extra):
     paths = [str(p) for p in story_traces(tmp_path)]
     tight = ["--model-shape", "tiny", "--host-cache-mib", "1", "--device-pages", "40", "--users", "1"]
